@@ -1,0 +1,66 @@
+"""autograd_magic: see what PyTorch autograd does with memory, in Jupyter and in scripts.
+
+`%load_ext autograd_magic` registers the `%%trackgraph` cell magic; `autograd_magic.track()` is
+the same recorder as a context manager.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autograd_magic.recorder import Recorder, track
+from autograd_magic.records import (
+    AliasLink,
+    BackwardCall,
+    Blindspot,
+    Finding,
+    NodeRecord,
+    SavedBuffer,
+    Site,
+    Snapshot,
+    StorageGroup,
+    VersionBump,
+)
+from autograd_magic.trace import TimelineSample, Trace
+
+__version__ = "0.1.0"
+
+_last_trace: Trace | None = None
+
+
+def last_trace() -> Trace | None:
+    """The trace recorded by the most recent `%%trackgraph` cell, if any."""
+    return _last_trace
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register `%%trackgraph` (called by `%load_ext autograd_magic`)."""
+    from autograd_magic.magic import load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Remove `%%trackgraph` (called by `%unload_ext autograd_magic`)."""
+    from autograd_magic.magic import unload
+
+    unload(ipython)
+
+
+__all__ = [
+    "AliasLink",
+    "BackwardCall",
+    "Blindspot",
+    "Finding",
+    "NodeRecord",
+    "Recorder",
+    "SavedBuffer",
+    "Site",
+    "Snapshot",
+    "StorageGroup",
+    "TimelineSample",
+    "Trace",
+    "VersionBump",
+    "last_trace",
+    "track",
+]

@@ -1,0 +1,258 @@
+"""Shared memory and version counters: alias links (detach, views, .data, NumPy), copies, and
+in-place writes, including writes that bypass autograd's version counter.
+"""
+
+from __future__ import annotations
+
+import weakref
+import zlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from autograd_magic.identity import ObjectRegistry
+from autograd_magic.naming import find_names
+from autograd_magic.ops import VERSION_SHARING_HOWS, OpKind
+from autograd_magic.records import AliasLink, Blindspot, Site, VersionBump
+from autograd_magic.saved import PackedSaved, storage_of
+
+if TYPE_CHECKING:
+    from autograd_magic.sites import SiteFinder
+    from autograd_magic.trace import Trace
+
+NUMPY_WATCH_MAX_BYTES = 16 * 2**20
+
+
+def _is_ndarray(obj: Any) -> bool:
+    return type(obj).__name__ == "ndarray" and type(obj).__module__ == "numpy"
+
+
+def _address_range(obj: Any) -> tuple[int, int]:
+    if isinstance(obj, torch.Tensor):
+        start, size = storage_of(obj)
+        return start, start + size
+    start = obj.__array_interface__["data"][0]
+    return start, start + obj.nbytes
+
+
+def shares_memory(a: Any, b: Any) -> bool:
+    """True when two tensors/arrays overlap in memory (and are not empty)."""
+    a0, a1 = _address_range(a)
+    b0, b1 = _address_range(b)
+    return a0 != 0 and b0 != 0 and a0 < b1 and b0 < a1
+
+
+class _NumpyWatch:
+    """Detects NumPy writes to memory a tensor shares: content changed, version did not."""
+
+    __slots__ = ("array_ref", "array_uid", "digest", "tensor_ref", "tensor_uid", "version")
+
+    def __init__(self, array: Any, tensor: torch.Tensor, array_uid: int, tensor_uid: int) -> None:
+        self.array_ref = weakref.ref(array)
+        self.tensor_ref = weakref.ref(tensor)
+        self.digest = _digest(array)
+        self.version = tensor._version
+        self.array_uid = array_uid
+        self.tensor_uid = tensor_uid
+
+
+def _digest(array: Any) -> int:
+    return zlib.crc32(array.tobytes())
+
+
+class AliasTracker:
+    """Records alias/copy links and version bumps into the trace."""
+
+    def __init__(self, trace: Trace, sites: SiteFinder) -> None:
+        self.trace = trace
+        self.sites = sites
+        self.registry = ObjectRegistry()
+        self._separate_counter: dict[int, int] = {}  # alias uid -> source uid (.data, NumPy)
+        self._live_saved: dict[int, dict[int, weakref.ref[PackedSaved]]] = {}
+        self._numpy_watches: list[_NumpyWatch] = []
+
+    # ----- saved buffers on a storage ----------------------------------------------------
+    def watch_saved(self, packed: PackedSaved) -> None:
+        """Remember a live saved buffer by storage so in-place writes can be matched to it."""
+        table = self._live_saved
+        key, buffer_id = packed.storage_key, packed.buffer_id
+
+        def forget(_ref: Any) -> None:
+            entries = table.get(key)
+            if entries is not None:
+                entries.pop(buffer_id, None)
+                if not entries:
+                    del table[key]
+
+        table.setdefault(key, {})[buffer_id] = weakref.ref(packed, forget)
+
+    def _saved_on(self, tensor: torch.Tensor) -> tuple[list[int], bool]:
+        """Live saved buffers on `tensor`'s memory, and whether any was changed unseen."""
+        hits, silent = [], False
+        for buffer_id, ref in list(self._live_saved.get(storage_of(tensor)[0], {}).items()):
+            packed = ref()
+            if packed is None:
+                continue
+            hits.append(buffer_id)
+            silent = silent or packed.tensor._version == packed.version
+        return hits, silent
+
+    # ----- in-place writes ---------------------------------------------------------------
+    def run_inplace(self, func: Callable[..., Any], op: str, args: tuple, kwargs: dict) -> Any:
+        """Run an op that may write in place and record each version bump it causes."""
+        targets = _write_targets(args, kwargs)
+        before = [t._version for t in targets]
+        out = func(*args, **kwargs)
+        site = None
+        for tensor, old in zip(targets, before, strict=True):
+            new = tensor._version
+            if new != old:
+                site = site or self.sites.here(2)
+                self._record_bump(tensor, op, old, new, site)
+        return out
+
+    def _record_bump(self, tensor: torch.Tensor, op: str, old: int, new: int, site: Site) -> None:
+        trace = self.trace
+        uid = self.registry.uid(tensor, "tensor")
+        trace.labels.setdefault(uid, self.registry.op_labels[uid])
+        hits, silent = self._saved_on(tensor)
+        source = self._separate_counter.get(uid)
+        bump = VersionBump(
+            label=trace.labels[uid],
+            op=op,
+            old=old,
+            new=new,
+            seq=trace._next_seq(),
+            site=site,
+            object_id=uid,
+            hit_buffers=tuple(hits),
+            bypass=source is not None or (bool(hits) and silent),
+            bypassed_id=source or 0,
+        )
+        if len(trace.version_bumps) < trace.max_records:
+            trace.version_bumps.append(bump)
+        trace._sample(f"in-place {op}", site)
+
+    def check_numpy_writes(self) -> None:
+        """Record NumPy writes (invisible to autograd) since the last check as bypassing bumps."""
+        if not self._numpy_watches:
+            return
+        kept = []
+        for watch in self._numpy_watches:
+            array, tensor = watch.array_ref(), watch.tensor_ref()
+            if array is None or tensor is None:
+                continue
+            kept.append(watch)
+            digest, version = _digest(array), tensor._version
+            if digest != watch.digest and version == watch.version:
+                self._record_numpy_write(watch, tensor)
+            watch.digest, watch.version = digest, version
+        self._numpy_watches = kept
+
+    def _record_numpy_write(self, watch: _NumpyWatch, tensor: torch.Tensor) -> None:
+        trace = self.trace
+        hits, _ = self._saved_on(tensor)
+        site = self.sites.here(2)
+        bump = VersionBump(
+            label=trace.labels.get(watch.array_uid, ""),
+            op="numpy write",
+            old=watch.version,
+            new=watch.version,
+            seq=trace._next_seq(),
+            site=site,
+            object_id=watch.array_uid,
+            hit_buffers=tuple(hits),
+            bypass=True,
+            bypassed_id=watch.tensor_uid,
+        )
+        trace.version_bumps.append(bump)
+
+    # ----- aliases and copies ------------------------------------------------------------
+    def link(self, out: Any, source: Any, op: str, kind: OpKind, skip: int = 3) -> None:
+        """Record how `out` relates to `source`: same memory (alias) or a copy."""
+        if source is None or not (isinstance(source, torch.Tensor) or _is_ndarray(source)):
+            return
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        site = None
+        for item in outs:
+            if item is source or not (isinstance(item, torch.Tensor) or _is_ndarray(item)):
+                continue
+            shares = kind is not OpKind.COPY and shares_memory(item, source)
+            site = site or self.sites.here(skip)
+            self._add_link(item, source, op, kind, shares, site)
+
+    def _add_link(
+        self, item: Any, source: Any, op: str, kind: OpKind, shares: bool, site: Site
+    ) -> None:
+        trace, registry = self.trace, self.registry
+        source_uid = registry.uid(source, "ndarray" if _is_ndarray(source) else "tensor")
+        item_uid = registry.uid(item, op)
+        for uid in (source_uid, item_uid):
+            trace.labels.setdefault(uid, registry.op_labels[uid])
+            trace.object_kinds[uid] = registry.kinds[uid]
+        how = op if shares else f"{op} (copy)" if kind is OpKind.ALIAS else op
+        if len(trace.links) < trace.max_records:
+            trace.links.append(
+                AliasLink(item_uid, source_uid, how, shares, trace._next_seq(), site)
+            )
+        if shares and how not in VERSION_SHARING_HOWS:
+            self._separate_counter[item_uid] = source_uid
+        if shares and (_is_ndarray(item) or _is_ndarray(source)):
+            array, tensor = (item, source) if _is_ndarray(item) else (source, item)
+            if array.nbytes <= NUMPY_WATCH_MAX_BYTES:
+                array_uid = item_uid if array is item else source_uid
+                tensor_uid = source_uid if array is item else item_uid
+                self._numpy_watches.append(_NumpyWatch(array, tensor, array_uid, tensor_uid))
+
+    # ----- names -------------------------------------------------------------------------
+    def resolve_labels(self, namespace: dict[str, Any], budget_s: float) -> None:
+        """Replace op labels by the user's variable paths for objects still alive."""
+        trace = self.trace
+        names, complete = find_names(namespace, self.registry.alive(), budget_s)
+        for uid in list(trace.labels):
+            trace.labels[uid] = names.get(uid, self.registry.op_labels.get(uid, trace.labels[uid]))
+        if not complete:
+            trace.blindspots.append(
+                Blindspot(
+                    "naming-cut",
+                    "Looking up variable names ran out of time; some "
+                    "tensors keep op labels like exp#3.",
+                )
+            )
+        for bump in trace.version_bumps:
+            bump.label = trace.labels.get(bump.object_id, bump.label)
+            if bump.bypassed_id:
+                bump.bypassed = trace.labels.get(bump.bypassed_id, "")
+        _fill_affected(trace)
+
+
+def _fill_affected(trace: Trace) -> None:
+    """Each bump's `affected`: every alias sharing the bumped tensor's version counter."""
+    parent: dict[int, int] = {}
+
+    def find(x: int) -> int:
+        while parent.get(x, x) != x:
+            x = parent[x]
+        return x
+
+    for link in trace.links:
+        if link.shares and link.how in VERSION_SHARING_HOWS:
+            parent[find(link.member)] = find(link.source)
+    groups: dict[int, list[int]] = {}
+    for uid in set(parent) | set(parent.values()):
+        groups.setdefault(find(uid), []).append(uid)
+    for bump in trace.version_bumps:
+        members = groups.get(find(bump.object_id), [])
+        bump.affected = tuple(sorted(trace.label(m) for m in members if m != bump.object_id))
+
+
+def _write_targets(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    targets: list[torch.Tensor] = []
+    first = args[0] if args else kwargs.get("input", kwargs.get("tensor", kwargs.get("self")))
+    for candidate in (first, kwargs.get("out")):
+        if isinstance(candidate, torch.Tensor):
+            targets.append(candidate)
+        elif isinstance(candidate, (list, tuple)):
+            targets.extend(t for t in candidate if isinstance(t, torch.Tensor))
+    return targets

@@ -1,0 +1,58 @@
+"""Stable ids for the tensors and arrays the recorder has seen, held by weak reference only."""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from typing import Any
+
+
+class ObjectRegistry:
+    """Gives each tracked tensor/array an id and an op label (`exp#3`) without keeping it alive."""
+
+    def __init__(self) -> None:
+        self._by_address: dict[int, tuple[weakref.ref[Any], int]] = {}
+        self._counts: Counter[str] = Counter()
+        self.op_labels: dict[int, str] = {}
+        self.kinds: dict[int, str] = {}
+        self._next = 1
+
+    def uid(self, obj: Any, hint: str) -> int:
+        """The id of `obj`, registering it (with label `hint#k`) the first time it is seen."""
+        entry = self._by_address.get(id(obj))
+        if entry is not None and entry[0]() is obj:
+            return entry[1]
+        uid = self._next
+        self._next += 1
+        self._counts[hint] += 1
+        self.op_labels[uid] = f"{hint}#{self._counts[hint]}"
+        self.kinds[uid] = "ndarray" if type(obj).__name__ == "ndarray" else "tensor"
+        try:
+            # A weak ref, so the registry never extends a tensor's life; the callback drops the
+            # entry before the address can be reused by a new object.
+            ref = weakref.ref(obj, self._forgetter(id(obj), uid))
+        except TypeError:
+            return uid
+        self._by_address[id(obj)] = (ref, uid)
+        return uid
+
+    def _forgetter(self, address: int, uid: int) -> Any:
+        table = self._by_address
+
+        def forget(_ref: Any) -> None:
+            entry = table.get(address)
+            if entry is not None and entry[1] == uid:
+                del table[address]
+
+        return forget
+
+    def alive(self) -> dict[int, int]:
+        """Address -> uid of the registered objects that are still alive."""
+        return {addr: uid for addr, (ref, uid) in self._by_address.items() if ref() is not None}
+
+    def get(self, uid: int) -> Any | None:
+        """The live object for `uid`, or None once it has died."""
+        for ref, known in self._by_address.values():
+            if known == uid:
+                return ref()
+        return None

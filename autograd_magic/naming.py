@@ -1,0 +1,98 @@
+"""Walks what the user can see (a namespace, containers, attributes, module children) to name
+objects the way the user would type them: `a`, `losses[3]`, `model.fc.weight`, `crit.loss`.
+
+Breadth-first, so the shortest path wins; time-boxed, and says so when cut.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+_SKIP_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
+_ATOMIC = (str, bytes, int, float, complex, bool, type(None), range, slice)
+_OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+MAX_CONTAINER_ITEMS = 10_000
+
+
+def _children(obj: Any, path: str) -> Iterator[tuple[Any, str]]:
+    if isinstance(obj, torch.nn.Module):
+        for name, child in obj._modules.items():
+            if child is not None:
+                yield child, f"{path}.{name}"
+        for name, param in obj._parameters.items():
+            if param is not None:
+                yield param, f"{path}.{name}"
+        for name, buf in obj._buffers.items():
+            if buf is not None:
+                yield buf, f"{path}.{name}"
+        attrs = obj.__dict__
+    elif isinstance(obj, (list, tuple)):
+        for i, item in enumerate(obj[:MAX_CONTAINER_ITEMS]):
+            yield item, f"{path}[{i}]"
+        return
+    elif isinstance(obj, dict):
+        for i, (key, item) in enumerate(obj.items()):
+            if i >= MAX_CONTAINER_ITEMS:
+                return
+            if isinstance(key, (str, int)):
+                yield item, f"{path}[{key!r}]"
+        return
+    elif isinstance(obj, (torch.Tensor, torch.optim.Optimizer)) or type(obj).__module__ == "numpy":
+        return
+    else:
+        attrs = getattr(obj, "__dict__", None)
+        if not isinstance(attrs, dict):
+            return
+    for name, value in attrs.items():
+        if not name.startswith("_"):
+            yield value, f"{path}.{name}"
+
+
+def walk_namespace(
+    roots: Mapping[str, Any],
+    visit: Callable[[Any, str], None],
+    max_depth: int = 4,
+    budget_s: float = 0.25,
+) -> bool:
+    """Call `visit(obj, path)` for each object reachable from `roots`; False when time ran out."""
+    deadline = time.perf_counter() + budget_s
+    seen: set[int] = set()
+    queue: deque[tuple[Any, str, int]] = deque()
+    for name, obj in list(roots.items()):
+        if not name.startswith("_") and name not in _SKIP_NAMES:
+            queue.append((obj, name, 0))
+    steps = 0
+    while queue:
+        obj, path, depth = queue.popleft()
+        if isinstance(obj, (*_ATOMIC, *_OPAQUE)) or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        visit(obj, path)
+        steps += 1
+        if steps % 512 == 0 and time.perf_counter() > deadline:
+            return False
+        if depth < max_depth:
+            for child, child_path in _children(obj, path):
+                queue.append((child, child_path, depth + 1))
+    return True
+
+
+def find_names(
+    roots: Mapping[str, Any], wanted: Mapping[int, int], budget_s: float = 0.25
+) -> tuple[dict[int, str], bool]:
+    """Map uid -> shortest user path for objects whose address is in `wanted` (address -> uid)."""
+    names: dict[int, str] = {}
+
+    def visit(obj: Any, path: str) -> None:
+        uid = wanted.get(id(obj))
+        if uid is not None and uid not in names:
+            names[uid] = path
+
+    complete = walk_namespace(roots, visit, budget_s=budget_s)
+    return names, complete

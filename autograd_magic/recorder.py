@@ -1,0 +1,368 @@
+"""`track()`: instruments autograd while a block runs and folds what happens into a `Trace`.
+
+Installs three things, all removed on exit (exception and KeyboardInterrupt included): a
+`TorchFunctionMode` that sees each torch call (cheap; no dispatch mode in the hot path),
+saved-tensor hooks, and a wrapper around `torch.from_numpy` (invisible to function modes).
+Nodes are tagged through `node.metadata`, whose entries die with the C++ node: that gives
+exact death times without holding a reference to any node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import sys
+import weakref
+from types import CodeType, TracebackType
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from autograd_magic.aliases import AliasTracker
+from autograd_magic.ops import OpKind, classify
+from autograd_magic.records import BackwardCall, Blindspot, SavedBuffer, Site
+from autograd_magic.saved import PackedSaved, probe_saved, storage_of
+from autograd_magic.sites import SiteFinder, is_library_file
+from autograd_magic.trace import Trace
+
+_ACCUMULATE = "AccumulateGrad"
+_BACKWARD_SIGNATURES = {
+    torch.Tensor.backward: inspect.signature(torch.Tensor.backward),
+    torch.autograd.backward: inspect.signature(torch.autograd.backward),
+    torch.autograd.grad: inspect.signature(torch.autograd.grad),
+}
+_next_trace_number = 0
+
+
+class _NodeTag:
+    """Stored in `node.metadata`; released exactly when the C++ node is destroyed."""
+
+    __slots__ = ("node_id", "trace_ref")
+
+    def __init__(self, trace_ref: weakref.ref[Trace], node_id: int) -> None:
+        self.trace_ref = trace_ref
+        self.node_id = node_id
+
+    def __del__(self) -> None:
+        trace = self.trace_ref()
+        if trace is not None:
+            # Never raise from a finalizer: it runs inside autograd.
+            with contextlib.suppress(Exception):
+                trace._on_node_freed(self.node_id, trace._event_site())
+
+
+class _RecorderMode(TorchFunctionMode):
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return self.recorder._on_call(func, args, kwargs or {})
+
+
+class Recorder:
+    """Context manager behind `track()`; `__enter__` returns the `Trace` being filled."""
+
+    def __init__(
+        self,
+        trace: Trace | None = None,
+        home_code: CodeType | None = None,
+        namespace: dict[str, Any] | None = None,
+        name_budget_s: float = 0.25,
+    ) -> None:
+        global _next_trace_number
+        _next_trace_number += 1
+        self.trace = trace if trace is not None else Trace()
+        self._trace_ref = weakref.ref(self.trace)
+        self._key = f"autograd_magic:{_next_trace_number}"
+        self._home_code = home_code
+        self._namespace = namespace
+        self._name_budget_s = name_budget_s
+        self._sites = SiteFinder(home_code)
+        self._kinds: dict[Any, tuple[OpKind, str]] = {}
+        self._busy = 0
+        self._next_node_id = 1
+        self._next_buffer_id = 1
+        self._unowned: list[int] = []
+        self._probe_hits: list[int] | None = None
+        self._sequence_start = 0
+        self._hooks: Any = None
+        self._mode: _RecorderMode | None = None
+        self._original_from_numpy: Any = None
+        self._blind_lines: set[tuple[str, int]] = set()
+        self.aliases = AliasTracker(self.trace, self._sites)
+
+    # ----- install / remove -------------------------------------------------------------
+    def __enter__(self) -> Trace:
+        if self._home_code is None:
+            self._home_code = self._sites.home_code = sys._getframe(1).f_code
+        self.trace._locate = self._sites.here
+        self._sequence_start = _current_sequence_nr()
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks.__enter__()
+        try:
+            self._mode = _RecorderMode(self)
+            self._mode.__enter__()
+        except BaseException:
+            self._hooks.__exit__(None, None, None)
+            raise
+        self._original_from_numpy = torch.from_numpy
+        torch.from_numpy = self._from_numpy
+        return self.trace
+
+    def __exit__(
+        self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        try:
+            torch.from_numpy = self._original_from_numpy
+            if self._mode is not None:
+                self._mode.__exit__(None, None, None)
+        finally:
+            self._hooks.__exit__(None, None, None)
+        if exc is not None:
+            self.trace.error = f"{type(exc).__name__}: {exc}"
+            self.trace.error_site = _site_of_traceback(tb, self._sites)
+        namespace = self._namespace
+        if namespace is None:
+            caller = sys._getframe(1)
+            namespace = {**caller.f_globals, **caller.f_locals}
+        self.finish(namespace)
+        return False
+
+    def finish(self, namespace: dict[str, Any]) -> None:
+        """Resolve labels against the user's namespace and compute findings (block has ended)."""
+        self.aliases.check_numpy_writes()
+        self.aliases.resolve_labels(namespace, self._name_budget_s)
+        from autograd_magic.findings import analyze
+
+        self.trace.findings = analyze(self.trace, self, namespace)
+        self.trace.finished = True
+
+    # ----- per-call path ----------------------------------------------------------------
+    def _on_call(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        entry = self._kinds.get(func)
+        if entry is None:
+            entry = self._kinds[func] = classify(func)
+        kind, name = entry
+        if self._busy:
+            return func(*args, **kwargs)
+        mark = len(self._unowned)
+        if kind is OpKind.PLAIN and "out" not in kwargs:
+            out = func(*args, **kwargs)
+        elif kind is OpKind.INPLACE or kind is OpKind.PLAIN:
+            out = self.aliases.run_inplace(func, name, args, kwargs)
+        elif kind is OpKind.BACKWARD or kind is OpKind.GRAD:
+            out = self._run_backward(func, kind, args, kwargs)
+        else:
+            out = func(*args, **kwargs)
+            self.aliases.link(out, args[0] if args else kwargs.get("data"), name, kind)
+        self._register_outputs(out, mark)
+        return out
+
+    def _register_outputs(self, out: Any, mark: int) -> None:
+        roots = []
+        if isinstance(out, torch.Tensor):
+            grad_fn = out.grad_fn
+            if grad_fn is not None and self._key not in grad_fn.metadata:
+                roots.append(grad_fn)
+        elif isinstance(out, (tuple, list)):
+            for item in out:
+                if isinstance(item, torch.Tensor):
+                    grad_fn = item.grad_fn
+                    if grad_fn is not None and self._key not in grad_fn.metadata:
+                        roots.append(grad_fn)
+        if roots:
+            self._discover(roots, mark)
+
+    def _discover(self, roots: list[Any], mark: int) -> None:
+        """Tag every node reachable from `roots` that this trace has not seen; assign buffers."""
+        trace = self.trace
+        key, trace_ref = self._key, self._trace_ref
+        stack, found = list(roots), []
+        while stack:
+            node = stack.pop()
+            metadata = node.metadata
+            if key in metadata:
+                continue
+            node_id = self._next_node_id
+            self._next_node_id += 1
+            metadata[key] = _NodeTag(trace_ref, node_id)
+            next_functions = node.next_functions
+            found.append((node, node_id, next_functions))
+            stack.extend(child for child, _ in next_functions if child is not None)
+        site = self._sites.here(2)
+        trace._next_seq()
+        for node, node_id, next_functions in found:
+            name = type(node).__name__
+            existed = name != _ACCUMULATE and node._sequence_nr() < self._sequence_start
+            next_ids = tuple(
+                child.metadata[key].node_id for child, _ in next_functions if child is not None
+            )
+            trace._on_node_born(node_id, name, site, existed, next_ids)
+            if name == "CompiledFunctionBackward":
+                self._note_blindspot("compiled", site, _COMPILED_MESSAGE)
+        trace._sample("nodes created", site)
+        self._assign_buffers(found, mark, site)
+
+    def _assign_buffers(self, found: list[tuple[Any, int, Any]], mark: int, site: Site) -> None:
+        unowned = self._unowned
+        if not unowned:
+            if _user_hooks_active(self._pack):
+                self._note_blindspot("saved-tensor-hooks", site, _HOOKS_MESSAGE)
+            return
+        nodes = [(n, i) for n, i, _ in found if type(n).__name__ != _ACCUMULATE]
+        if mark == 0 and len(nodes) == 1:
+            owner = nodes[0][1]
+            for buffer_id in unowned:
+                self.trace._on_buffer_owned(buffer_id, owner)
+            unowned.clear()
+            return
+        owned: set[int] = set()
+        self._busy += 1
+        try:
+            for node, node_id in nodes:
+                self._probe_hits = hits = []
+                probe_saved(node)
+                for buffer_id in hits:
+                    self.trace._on_buffer_owned(buffer_id, node_id)
+                owned.update(hits)
+        finally:
+            self._probe_hits = None
+            self._busy -= 1
+        unowned[:] = [b for b in unowned if b not in owned][-1000:]
+
+    # ----- saved tensors ----------------------------------------------------------------
+    def _pack(self, tensor: torch.Tensor) -> PackedSaved:
+        self._busy += 1
+        try:
+            buffer_id = self._next_buffer_id
+            self._next_buffer_id += 1
+            packed = PackedSaved(tensor, self._trace_ref, buffer_id)
+            packed.storage_key, storage_nbytes = storage_of(tensor)
+            trace = self.trace
+            trace._next_seq()
+            site = self._sites.here(1)
+            buffer = SavedBuffer(
+                id=buffer_id,
+                node_id=None,
+                shape=tuple(tensor.shape),
+                dtype=str(tensor.dtype).replace("torch.", ""),
+                device=str(tensor.device),
+                nbytes=packed.nbytes,
+                storage_nbytes=storage_nbytes,
+                is_leaf=packed.is_leaf,
+                is_parameter=isinstance(tensor, torch.nn.Parameter),
+                version=packed.version,
+                saved_seq=trace.seq,
+                saved_site=site,
+                storage_key=packed.storage_key,
+            )
+            trace._on_buffer_saved(buffer, packed.storage_key)
+            self.aliases.watch_saved(packed)
+            self._unowned.append(buffer_id)
+            trace._sample("buffer saved", site)
+            return packed
+        finally:
+            self._busy -= 1
+
+    def _unpack(self, packed: PackedSaved) -> torch.Tensor:
+        hits = self._probe_hits
+        if hits is not None:
+            hits.append(packed.buffer_id)
+            return packed.tensor
+        self._busy += 1
+        try:
+            return packed.checked_tensor()
+        finally:
+            self._busy -= 1
+
+    # ----- backward calls ---------------------------------------------------------------
+    def _run_backward(self, func: Any, kind: OpKind, args: tuple, kwargs: dict) -> Any:
+        trace = self.trace
+        site = self._sites.here(2)
+        bound = _BACKWARD_SIGNATURES[func].bind(*args, **kwargs)
+        create_graph = bool(bound.arguments.get("create_graph", False))
+        retain_graph = bound.arguments.get("retain_graph")
+        retain_graph = create_graph if retain_graph is None else bool(retain_graph)
+        self.aliases.check_numpy_writes()
+        call = BackwardCall(
+            "grad" if kind is OpKind.GRAD else "backward",
+            trace._next_seq(),
+            site,
+            retain_graph,
+            create_graph,
+        )
+        trace.backward_calls.append(call)
+        trace._active_backward = call
+        trace._sample("backward start", site, force=True)
+        try:
+            return func(*args, **kwargs)
+        except BaseException as exc:
+            call.error = str(exc)
+            call.error_type = type(exc).__name__
+            raise
+        finally:
+            trace._active_backward = None
+            call.end_seq = trace._next_seq()
+            trace._sample("backward", site, force=True)
+
+    # ----- from_numpy and blind spots ---------------------------------------------------
+    def _from_numpy(self, array: Any) -> torch.Tensor:
+        tensor = self._original_from_numpy(array)
+        self._busy += 1
+        try:
+            self.aliases.link(tensor, array, "from_numpy", OpKind.AS_TENSOR, skip=2)
+        finally:
+            self._busy -= 1
+        return tensor
+
+    def _note_blindspot(self, kind: str, site: Site, message: str) -> None:
+        if (kind, site.line) in self._blind_lines:
+            return
+        self._blind_lines.add((kind, site.line))
+        self.trace.blindspots.append(Blindspot(kind, message.format(line=site.line), site.line))
+
+
+_COMPILED_MESSAGE = (
+    "Code compiled with torch.compile ran at line {line}: its inner operations and the tensors "
+    "it saves are hidden inside one CompiledFunctionBackward node."
+)
+_HOOKS_MESSAGE = (
+    "Your own saved-tensor hooks (torch.utils.checkpoint, save_on_cpu, ...) were active at line "
+    "{line}: tensors saved under them are handled by your hooks and not counted here."
+)
+
+
+def _user_hooks_active(our_pack: Any) -> bool:
+    top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    return top is not None and top[0] != our_pack
+
+
+def _current_sequence_nr() -> int:
+    """The autograd sequence number the next node on this thread will get."""
+    with torch.enable_grad():
+        probe = torch.zeros((), requires_grad=True).mul(1)
+        return probe.grad_fn._sequence_nr()
+
+
+def _site_of_traceback(tb: TracebackType | None, sites: SiteFinder) -> Site | None:
+    """The innermost user frame in a traceback: where the block's exception came from."""
+    best = None
+    while tb is not None:
+        if not is_library_file(tb.tb_frame.f_code.co_filename):
+            best = (tb.tb_frame.f_code, tb.tb_lineno)
+        tb = tb.tb_next
+    if best is None:
+        return None
+    code, line = best
+    return Site(code.co_filename, line, code.co_name)
+
+
+def track(**options: Any) -> Recorder:
+    """Record autograd nodes, saved buffers, shared storage and version bumps in a block.
+
+    `with autograd_magic.track() as trace:` yields a `Trace`, usable during and after the block.
+    Options: `home_code`, `namespace` (where to look up variable names), `name_budget_s`.
+    """
+    return Recorder(**options)

@@ -1,0 +1,184 @@
+"""Plain-data records of what autograd did: the model every other module reads.
+
+Records hold ints, strings and tuples only, never live tensors or nodes, so a trace can be kept,
+exported to JSON and rendered after the user's objects are gone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Site:
+    """A source position: the innermost user frame, plus the line in the traced code."""
+
+    file: str
+    line: int
+    function: str = "<module>"
+    outer_line: int | None = None
+
+    def describe(self) -> str:
+        """'line 9' or 'line 9, in forward line 4' (the traced code's line first)."""
+        if self.outer_line is None or self.outer_line == self.line:
+            return f"line {self.line}"
+        return f"line {self.outer_line}, in {self.function} line {self.line}"
+
+
+UNKNOWN_SITE = Site(file="<unknown>", line=0)
+
+
+@dataclass
+class NodeRecord:
+    """One autograd node seen while tracing; `freed_*` stay None while it is alive."""
+
+    id: int
+    name: str
+    born_seq: int
+    born_site: Site
+    next_ids: tuple[int, ...] = ()
+    freed_seq: int | None = None
+    freed_site: Site | None = None
+    existed_before: bool = False
+
+    @property
+    def born_line(self) -> int:
+        return self.born_site.line
+
+    @property
+    def freed_line(self) -> int | None:
+        return None if self.freed_site is None else self.freed_site.line
+
+    @property
+    def alive(self) -> bool:
+        return self.freed_seq is None
+
+
+@dataclass
+class SavedBuffer:
+    """A tensor saved for backward ("retained buffer") and when autograd released it."""
+
+    id: int
+    node_id: int | None
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+    nbytes: int
+    storage_nbytes: int
+    is_leaf: bool
+    is_parameter: bool
+    version: int
+    saved_seq: int
+    saved_site: Site
+    storage_key: int = 0
+    label: str = ""
+    freed_seq: int | None = None
+    freed_site: Site | None = None
+
+    @property
+    def freed(self) -> bool:
+        return self.freed_seq is not None
+
+    @property
+    def freed_line(self) -> int | None:
+        return None if self.freed_site is None else self.freed_site.line
+
+    @property
+    def saved_line(self) -> int:
+        return self.saved_site.line
+
+
+@dataclass(frozen=True)
+class AliasLink:
+    """`member` got its memory from `source`: shared storage (`shares`) or a copy (not shared)."""
+
+    member: int
+    source: int
+    how: str
+    shares: bool
+    seq: int
+    site: Site
+
+
+@dataclass
+class VersionBump:
+    """An in-place write: version old -> new (equal when the write bypassed the counter)."""
+
+    label: str
+    op: str
+    old: int
+    new: int
+    seq: int
+    site: Site
+    object_id: int = 0
+    hit_buffers: tuple[int, ...] = ()
+    affected: tuple[str, ...] = ()
+    bypass: bool = False
+    bypassed_id: int = 0
+    bypassed: str = ""
+
+    @property
+    def line(self) -> int:
+        return self.site.line
+
+
+@dataclass
+class BackwardCall:
+    """A `backward()` or `torch.autograd.grad` call and what it released."""
+
+    kind: str
+    seq: int
+    site: Site
+    retain_graph: bool
+    create_graph: bool
+    end_seq: int | None = None
+    released_buffers: int = 0
+    released_bytes: int = 0
+    error: str | None = None
+    error_type: str | None = None
+
+    @property
+    def line(self) -> int:
+        return self.site.line
+
+
+@dataclass(frozen=True)
+class StorageGroup:
+    """Tensors and arrays sharing one memory block; `copies` maps a copy's label to its source."""
+
+    members: tuple[str, ...]
+    how: dict[str, str]
+    copies: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Live and peak counters of a trace at one moment."""
+
+    live_nodes: int
+    retained_bytes: int
+    peak_live_nodes: int
+    peak_retained_bytes: int
+    nodes_created: int
+    buffers_saved: int
+
+
+@dataclass
+class Finding:
+    """A plain-sentence diagnosis with the line that caused it and what to change."""
+
+    kind: str
+    message: str
+    line: int | None
+    related_lines: tuple[int, ...] = ()
+    holder: str | None = None
+    nbytes: int = 0
+
+
+@dataclass(frozen=True)
+class Blindspot:
+    """Something the recorder could not see (compiled code, user saved-tensor hooks, caps hit)."""
+
+    kind: str
+    message: str
+    line: int | None = None

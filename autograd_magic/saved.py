@@ -1,0 +1,120 @@
+"""Saved-tensor hooks: see every tensor autograd saves for backward, and when it lets go.
+
+Two traps (see NOTES.md) shape this module: the packed object keeps `t.detach()`, never `t`
+(a saved output's `grad_fn` is the saving node, so keeping `t` makes an uncollectable cycle), and
+`unpack` re-does the in-place check PyTorch skips while hooks are installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from autograd_magic.trace import Trace
+
+
+class PackedSaved:
+    """What autograd holds in a saved slot while our hooks are on; its death = buffer released."""
+
+    __slots__ = (
+        "__weakref__",
+        "buffer_id",
+        "grad_fn_name",
+        "is_leaf",
+        "nbytes",
+        "output_nr",
+        "storage_key",
+        "tensor",
+        "trace_ref",
+        "version",
+    )
+
+    def __init__(self, tensor: torch.Tensor, trace_ref: weakref.ref[Trace], buffer_id: int) -> None:
+        self.tensor = tensor.detach()
+        self.version = tensor._version
+        self.trace_ref = trace_ref
+        self.buffer_id = buffer_id
+        grad_fn = tensor.grad_fn
+        self.grad_fn_name = None if grad_fn is None else grad_fn.name()
+        self.output_nr = tensor.output_nr
+        # A view of a parameter (addmm saves `weight.t()`) lives on the parameter's memory, which
+        # the graph's death does not free: count it with the leaves.
+        self.is_leaf = tensor.is_leaf or (tensor._is_view() and tensor._base.is_leaf)
+        self.nbytes = tensor.numel() * tensor.element_size()
+        self.storage_key = 0
+
+    def __del__(self) -> None:
+        trace = self.trace_ref()
+        if trace is not None:
+            # Never raise from a finalizer: it runs inside autograd.
+            with contextlib.suppress(Exception):
+                trace._on_buffer_released(
+                    self.buffer_id, self.is_leaf, self.storage_key, self.nbytes, trace._event_site()
+                )
+
+    def checked_tensor(self) -> torch.Tensor:
+        """The saved value, raising PyTorch's own error if it was modified in place since saving."""
+        current = self.tensor._version
+        if current != self.version:
+            raise RuntimeError(self._version_error(current))
+        return self.tensor
+
+    def _version_error(self, current: int) -> str:
+        # Same text as torch/csrc/autograd/saved_variable.cpp, so users see the familiar error.
+        t = self.tensor
+        sizes = ", ".join(str(s) for s in t.shape)
+        message = (
+            "one of the variables needed for gradient computation has been modified by an "
+            f"inplace operation: [{t.type()} [{sizes}]]"
+        )
+        if self.grad_fn_name is not None:
+            message += f", which is output {self.output_nr} of {self.grad_fn_name},"
+        message += f" is at version {current}; expected version {self.version} instead."
+        if torch.is_anomaly_enabled():
+            message += (
+                " Hint: the backtrace further above shows the operation that failed to compute "
+                "its gradient. The variable in question was changed in there or anywhere later. "
+                "Good luck!"
+            )
+        else:
+            message += (
+                " Hint: enable anomaly detection to find the operation that failed to compute "
+                "its gradient, with torch.autograd.set_detect_anomaly(True)."
+            )
+        return message
+
+
+def storage_of(tensor: torch.Tensor) -> tuple[int, int]:
+    """(storage address, storage bytes); (0, tensor bytes) for tensors without plain storage."""
+    try:
+        storage = tensor.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return 0, tensor.numel() * tensor.element_size()
+
+
+_SAVED_ATTRS: dict[type, tuple[str, ...]] = {}
+
+
+def saved_attribute_names(node_type: type) -> tuple[str, ...]:
+    """Names of a node type's attributes that unpack saved tensors (cached per type)."""
+    names = _SAVED_ATTRS.get(node_type)
+    if names is None:
+        names = tuple(a for a in dir(node_type) if a.startswith("_saved_"))
+        if issubclass(node_type, torch.autograd.function.BackwardCFunction):
+            names += ("saved_tensors",)
+        _SAVED_ATTRS[node_type] = names
+    return names
+
+
+def probe_saved(node: Any) -> None:
+    """Touch each saved attribute of `node` so the unpack hook can see which buffers it owns."""
+    for name in saved_attribute_names(type(node)):
+        try:
+            getattr(node, name)
+        except Exception:
+            continue

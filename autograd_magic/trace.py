@@ -1,0 +1,240 @@
+"""`Trace`: the records of one tracked block plus the folded counters (live nodes, retained bytes).
+
+The recorder calls the `_on_*` methods as events happen; everything else only reads. The trace
+holds no reference to user tensors, arrays or nodes: only records and integers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
+
+from autograd_magic.records import (
+    UNKNOWN_SITE,
+    AliasLink,
+    BackwardCall,
+    Blindspot,
+    Finding,
+    NodeRecord,
+    SavedBuffer,
+    Site,
+    Snapshot,
+    StorageGroup,
+    VersionBump,
+)
+
+if TYPE_CHECKING:
+    import networkx
+
+DEFAULT_MAX_RECORDS = 200_000
+DEFAULT_MAX_TIMELINE = 20_000
+
+
+class TimelineSample(NamedTuple):
+    """State right after an event: (sequence, live nodes, retained bytes, what happened, line)."""
+
+    seq: int
+    live_nodes: int
+    retained_bytes: int
+    what: str
+    line: int
+
+
+class Trace:
+    """Everything recorded while a `track()` block ran; usable during and after the block."""
+
+    def __init__(
+        self, max_records: int = DEFAULT_MAX_RECORDS, max_timeline: int = DEFAULT_MAX_TIMELINE
+    ) -> None:
+        self.nodes: list[NodeRecord] = []
+        self.buffers: list[SavedBuffer] = []
+        self.links: list[AliasLink] = []
+        self.version_bumps: list[VersionBump] = []
+        self.backward_calls: list[BackwardCall] = []
+        self.timeline: list[TimelineSample] = []
+        self.findings: list[Finding] = []
+        self.blindspots: list[Blindspot] = []
+        self.labels: dict[int, str] = {}
+        self.object_kinds: dict[int, str] = {}
+        self.max_records = max_records
+        self.max_timeline = max_timeline
+        self.dropped_nodes = 0
+        self.dropped_buffers = 0
+        self.finished = False
+        self.error: str | None = None
+        self.error_site: Site | None = None
+        self.seq = 0
+        self.live_nodes = 0
+        self.retained_bytes = 0
+        self.peak_live_nodes = 0
+        self.peak_retained_bytes = 0
+        self.nodes_created = 0
+        self.buffers_saved = 0
+        self._node_index: dict[int, NodeRecord] = {}
+        self._buffer_index: dict[int, SavedBuffer] = {}
+        self._storage_refs: dict[
+            int, list[int]
+        ] = {}  # storage key -> [live non-leaf buffers, bytes]
+        self._timeline_stride = 1
+        self._active_backward: BackwardCall | None = None
+        self._locate: Callable[[int], Site] | None = None
+
+    # ----- reading -------------------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        """Counters now and their peaks over the block."""
+        return Snapshot(
+            live_nodes=self.live_nodes,
+            retained_bytes=self.retained_bytes,
+            peak_live_nodes=self.peak_live_nodes,
+            peak_retained_bytes=self.peak_retained_bytes,
+            nodes_created=self.nodes_created,
+            buffers_saved=self.buffers_saved,
+        )
+
+    def node(self, node_id: int) -> NodeRecord | None:
+        """The record of a node by id (None when beyond the record cap)."""
+        return self._node_index.get(node_id)
+
+    def buffer(self, buffer_id: int) -> SavedBuffer | None:
+        return self._buffer_index.get(buffer_id)
+
+    def label(self, object_id: int) -> str:
+        """The user's name for a tracked tensor or array, else its op label."""
+        return self.labels.get(object_id, f"object#{object_id}")
+
+    def buffers_of(self, node_id: int) -> list[SavedBuffer]:
+        return [b for b in self.buffers if b.node_id == node_id]
+
+    def storage_groups(self) -> list[StorageGroup]:
+        """Groups of tensors/arrays that share memory, with how each joined and copies beside."""
+        from autograd_magic.storage import storage_groups
+
+        return storage_groups(self)
+
+    def graph(self) -> networkx.DiGraph:
+        """The recorded autograd graph; edges point from a node to its `next_functions`."""
+        from autograd_magic.export import to_networkx
+
+        return to_networkx(self)
+
+    def to_json(self) -> str:
+        """A complete, versioned JSON export (see `Trace.from_json`)."""
+        from autograd_magic.export import trace_to_json
+
+        return trace_to_json(self)
+
+    @classmethod
+    def from_json(cls, text: str) -> Trace:
+        """Load an export without executing anything."""
+        from autograd_magic.export import trace_from_json
+
+        return trace_from_json(text)
+
+    def __repr__(self) -> str:
+        s = self.snapshot()
+        return (
+            f"<Trace nodes={self.nodes_created} live={s.live_nodes} "
+            f"retained={s.retained_bytes}B peak={s.peak_retained_bytes}B "
+            f"backward_calls={len(self.backward_calls)} findings={len(self.findings)}>"
+        )
+
+    # ----- folding events (called by the recorder) ---------------------------------------
+    def _next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def _event_site(self) -> Site:
+        """Where the current event happens: the backward call while one runs (engine threads
+        have no user frame), else the user's line."""
+        call = self._active_backward
+        if call is not None:
+            return call.site
+        locate = self._locate
+        return UNKNOWN_SITE if locate is None else locate(2)
+
+    def _on_node_born(
+        self, node_id: int, name: str, site: Site, existed_before: bool, next_ids: tuple[int, ...]
+    ) -> None:
+        self.nodes_created += 1
+        self.live_nodes += 1
+        if self.live_nodes > self.peak_live_nodes:
+            self.peak_live_nodes = self.live_nodes
+        if len(self.nodes) >= self.max_records:
+            self.dropped_nodes += 1
+            return
+        record = NodeRecord(node_id, name, self.seq, site, next_ids, existed_before=existed_before)
+        self.nodes.append(record)
+        self._node_index[node_id] = record
+
+    def _on_node_freed(self, node_id: int, site: Site) -> None:
+        self.live_nodes -= 1
+        record = self._node_index.get(node_id)
+        seq = self._next_seq()
+        if record is not None:
+            record.freed_seq = seq
+            record.freed_site = site
+        self._sample("node freed", site)
+
+    def _on_buffer_saved(self, buffer: SavedBuffer, storage_key: int) -> None:
+        self.buffers_saved += 1
+        if not buffer.is_leaf:
+            ref = self._storage_refs.get(storage_key)
+            if ref is None:
+                self._storage_refs[storage_key] = [1, buffer.storage_nbytes]
+                self.retained_bytes += buffer.storage_nbytes
+                if self.retained_bytes > self.peak_retained_bytes:
+                    self.peak_retained_bytes = self.retained_bytes
+            else:
+                ref[0] += 1
+        if len(self.buffers) >= self.max_records:
+            self.dropped_buffers += 1
+            return
+        self.buffers.append(buffer)
+        self._buffer_index[buffer.id] = buffer
+
+    def _on_buffer_owned(self, buffer_id: int, node_id: int) -> None:
+        record = self._buffer_index.get(buffer_id)
+        if record is not None:
+            record.node_id = node_id
+
+    def _on_buffer_released(
+        self, buffer_id: int, is_leaf: bool, storage_key: int, nbytes: int, site: Site
+    ) -> None:
+        if not is_leaf:
+            ref = self._storage_refs.get(storage_key)
+            if ref is not None:
+                ref[0] -= 1
+                if ref[0] == 0:
+                    del self._storage_refs[storage_key]
+                    self.retained_bytes -= ref[1]
+        seq = self._next_seq()
+        record = self._buffer_index.get(buffer_id)
+        if record is not None:
+            record.freed_seq = seq
+            record.freed_site = site
+        call = self._active_backward
+        if call is not None:
+            call.released_buffers += 1
+            call.released_bytes += nbytes
+        self._sample("buffer released", site)
+
+    def _sample(self, what: str, site: Site, force: bool = False) -> None:
+        """Append a timeline sample; repeated events on one line fold into one sample."""
+        timeline = self.timeline
+        sample = TimelineSample(self.seq, self.live_nodes, self.retained_bytes, what, site.line)
+        if timeline:
+            last = timeline[-1]
+            if not force and last.what == what and last.line == site.line:
+                timeline[-1] = sample
+                return
+        if not force and self.seq % self._timeline_stride:
+            return
+        timeline.append(sample)
+        if len(timeline) >= self.max_timeline:
+            self._thin_timeline()
+
+    def _thin_timeline(self) -> None:
+        """Halve the timeline's resolution, keeping every backward marker (bounded memory)."""
+        kept = [s for i, s in enumerate(self.timeline) if i % 2 == 0 or "backward" in s.what]
+        self.timeline[:] = kept
+        self._timeline_stride *= 2
