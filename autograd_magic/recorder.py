@@ -158,6 +158,12 @@ class Recorder:
             out = func(*args, **kwargs)
             self.aliases.link(out, args[0] if args else kwargs.get("data"), name, kind)
         self._register_outputs(out, mark)
+        if self.trace._listener is not None:
+            self._busy += 1
+            try:
+                self.trace._notify()
+            finally:
+                self._busy -= 1
         return out
 
     def _register_outputs(self, out: Any, mark: int) -> None:

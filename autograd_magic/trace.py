@@ -6,6 +6,7 @@ holds no reference to user tensors, arrays or nodes: only records and integers.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -78,6 +79,9 @@ class Trace:
         self._timeline_stride = 1
         self._active_backward: BackwardCall | None = None
         self._locate: Callable[[int], Site] | None = None
+        self._listener: Callable[[Trace], None] | None = None
+        self._listen_interval = 0.0
+        self._listened_at = 0.0
 
     # ----- reading -------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
@@ -137,6 +141,27 @@ class Trace:
             f"retained={s.retained_bytes}B peak={s.peak_retained_bytes}B "
             f"backward_calls={len(self.backward_calls)} findings={len(self.findings)}>"
         )
+
+    def listen(self, callback: Callable[[Trace], None] | None, interval_s: float = 0.5) -> None:
+        """Call `callback(trace)` while the block runs, at most once per `interval_s` seconds.
+
+        It runs on the user's thread between two torch calls (never inside a finalizer); an
+        exception in it unregisters it and is not propagated to user code.
+        """
+        self._listener = callback
+        self._listen_interval = interval_s
+        self._listened_at = time.monotonic()
+
+    def _notify(self) -> None:
+        now = time.monotonic()
+        if now - self._listened_at < self._listen_interval:
+            return
+        self._listened_at = now
+        listener = self._listener
+        try:
+            listener(self)
+        except Exception:  # a broken view must not break the user's code
+            self._listener = None
 
     # ----- folding events (called by the recorder) ---------------------------------------
     def _next_seq(self) -> int:

@@ -1,0 +1,138 @@
+"""Exports of a `Trace`: a networkx graph of the autograd graph, and a versioned JSON document.
+
+JSON loading builds records from plain values only: nothing is executed or unpickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import networkx
+
+from autograd_magic.records import (
+    AliasLink,
+    BackwardCall,
+    Blindspot,
+    Finding,
+    NodeRecord,
+    SavedBuffer,
+    Site,
+    VersionBump,
+)
+from autograd_magic.trace import TimelineSample, Trace
+
+FORMAT = "autograd_magic.trace"
+FORMAT_VERSION = 1
+
+
+def to_networkx(trace: Trace) -> networkx.DiGraph:
+    """Nodes keyed by id (name, alive, born/freed lines, saved bytes); edges node -> next."""
+    saved: dict[int, int] = {}
+    for buffer in trace.buffers:
+        if buffer.node_id is not None:
+            saved[buffer.node_id] = saved.get(buffer.node_id, 0) + buffer.nbytes
+    graph = networkx.DiGraph()
+    for node in trace.nodes:
+        graph.add_node(
+            node.id,
+            name=node.name,
+            alive=node.alive,
+            born_line=node.born_line,
+            freed_line=node.freed_line,
+            saved_bytes=saved.get(node.id, 0),
+            existed_before=node.existed_before,
+        )
+    for node in trace.nodes:
+        for child in node.next_ids:
+            if child in graph:
+                graph.add_edge(node.id, child)
+    return graph
+
+
+_SCALARS = (
+    "max_records",
+    "max_timeline",
+    "dropped_nodes",
+    "dropped_buffers",
+    "finished",
+    "error",
+    "seq",
+    "live_nodes",
+    "retained_bytes",
+    "peak_live_nodes",
+    "peak_retained_bytes",
+    "nodes_created",
+    "buffers_saved",
+)
+_LISTS: dict[str, type] = {
+    "nodes": NodeRecord,
+    "buffers": SavedBuffer,
+    "links": AliasLink,
+    "version_bumps": VersionBump,
+    "backward_calls": BackwardCall,
+    "findings": Finding,
+    "blindspots": Blindspot,
+}
+_SITE_FIELDS = {"born_site", "freed_site", "saved_site", "site", "error_site"}
+
+
+def _plain(record: Any) -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        out[f.name] = dataclasses.asdict(value) if isinstance(value, Site) else value
+    return out
+
+
+def trace_to_json(trace: Trace) -> str:
+    """Serialize every record and counter of `trace`."""
+    document: dict[str, Any] = {"format": FORMAT, "version": FORMAT_VERSION}
+    document.update({name: getattr(trace, name) for name in _SCALARS})
+    document["error_site"] = None if trace.error_site is None else _plain(trace.error_site)
+    for name in _LISTS:
+        document[name] = [_plain(r) for r in getattr(trace, name)]
+    document["timeline"] = [list(s) for s in trace.timeline]
+    document["labels"] = {str(k): v for k, v in trace.labels.items()}
+    document["object_kinds"] = {str(k): v for k, v in trace.object_kinds.items()}
+    return json.dumps(document)
+
+
+def _build(cls: type, values: dict[str, Any]) -> Any:
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in values:
+            continue
+        value = values[f.name]
+        if f.name in _SITE_FIELDS and value is not None:
+            value = Site(**value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+def trace_from_json(text: str) -> Trace:
+    """Rebuild a `Trace` from `trace_to_json` output; raises ValueError on other documents."""
+    document = json.loads(text)
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        raise ValueError("not an autograd_magic trace export")
+    if document.get("version") != FORMAT_VERSION:
+        raise ValueError(
+            f"trace export version {document.get('version')} is not supported "
+            f"(this autograd_magic reads version {FORMAT_VERSION})"
+        )
+    trace = Trace()
+    for name in _SCALARS:
+        setattr(trace, name, document[name])
+    if document.get("error_site"):
+        trace.error_site = Site(**document["error_site"])
+    for name, cls in _LISTS.items():
+        setattr(trace, name, [_build(cls, values) for values in document[name]])
+    trace.timeline = [TimelineSample(*values) for values in document["timeline"]]
+    trace.labels = {int(k): v for k, v in document["labels"].items()}
+    trace.object_kinds = {int(k): v for k, v in document["object_kinds"].items()}
+    trace._node_index = {n.id: n for n in trace.nodes}
+    trace._buffer_index = {b.id: b for b in trace.buffers}
+    return trace
