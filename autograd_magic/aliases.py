@@ -71,6 +71,7 @@ class AliasTracker:
         self._separate_counter: dict[int, int] = {}  # alias uid -> source uid (.data, NumPy)
         self._live_saved: dict[int, dict[int, weakref.ref[PackedSaved]]] = {}
         self._numpy_watches: list[_NumpyWatch] = []
+        self._shared_with: dict[int, set[int]] = {}  # uid -> uids linked by shared memory
 
     # ----- saved buffers on a storage ----------------------------------------------------
     def watch_saved(self, packed: PackedSaved) -> None:
@@ -118,6 +119,7 @@ class AliasTracker:
         trace.labels.setdefault(uid, self.registry.op_labels[uid])
         hits, silent = self._saved_on(tensor)
         source = self._separate_counter.get(uid)
+        sharers = self._live_sharers(uid)
         bump = VersionBump(
             label=trace.labels[uid],
             op=op,
@@ -129,10 +131,24 @@ class AliasTracker:
             hit_buffers=tuple(hits),
             bypass=source is not None or (bool(hits) and silent),
             bypassed_id=source or 0,
+            sharer_ids=sharers,
         )
         if len(trace.version_bumps) < trace.max_records:
             trace.version_bumps.append(bump)
         trace._sample(f"in-place {op}", site)
+
+    def _live_sharers(self, uid: int) -> tuple[int, ...]:
+        """Other live tensors/arrays that share memory with `uid` (transitively)."""
+        if uid not in self._shared_with:
+            return ()
+        seen, stack = {uid}, [uid]
+        while stack:
+            for other in self._shared_with.get(stack.pop(), ()):
+                if other not in seen:
+                    seen.add(other)
+                    stack.append(other)
+        seen.discard(uid)
+        return tuple(sorted(u for u in seen if self.registry.get(u) is not None))
 
     def check_numpy_writes(self) -> None:
         """Record NumPy writes (invisible to autograd) since the last check as bypassing bumps."""
@@ -196,6 +212,9 @@ class AliasTracker:
             trace.links.append(
                 AliasLink(item_uid, source_uid, how, shares, trace._next_seq(), site)
             )
+        if shares:
+            self._shared_with.setdefault(item_uid, set()).add(source_uid)
+            self._shared_with.setdefault(source_uid, set()).add(item_uid)
         if shares and how not in VERSION_SHARING_HOWS:
             self._separate_counter[item_uid] = source_uid
         if shares and (_is_ndarray(item) or _is_ndarray(source)):
@@ -206,10 +225,15 @@ class AliasTracker:
                 self._numpy_watches.append(_NumpyWatch(array, tensor, array_uid, tensor_uid))
 
     # ----- names -------------------------------------------------------------------------
-    def resolve_labels(self, namespace: dict[str, Any], budget_s: float) -> None:
+    def resolve_labels(
+        self,
+        namespace: dict[str, Any],
+        budget_s: float,
+        also: Callable[[Any, str], None] | None = None,
+    ) -> None:
         """Replace op labels by the user's variable paths for objects still alive."""
         trace = self.trace
-        names, complete = find_names(namespace, self.registry.alive(), budget_s)
+        names, complete = find_names(namespace, self.registry.alive(), budget_s, also)
         for uid in list(trace.labels):
             trace.labels[uid] = names.get(uid, self.registry.op_labels.get(uid, trace.labels[uid]))
         if not complete:
@@ -224,6 +248,7 @@ class AliasTracker:
             bump.label = trace.labels.get(bump.object_id, bump.label)
             if bump.bypassed_id:
                 bump.bypassed = trace.labels.get(bump.bypassed_id, "")
+            bump.sharers = tuple(trace.label(uid) for uid in bump.sharer_ids)
         _fill_affected(trace)
 
 

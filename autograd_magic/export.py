@@ -16,6 +16,7 @@ from autograd_magic.records import (
     BackwardCall,
     Blindspot,
     Finding,
+    Holder,
     NodeRecord,
     SavedBuffer,
     Site,
@@ -74,6 +75,7 @@ _LISTS: dict[str, type] = {
     "backward_calls": BackwardCall,
     "findings": Finding,
     "blindspots": Blindspot,
+    "holders": Holder,
 }
 _SITE_FIELDS = {"born_site", "freed_site", "saved_site", "site", "error_site"}
 

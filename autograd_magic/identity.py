@@ -12,6 +12,7 @@ class ObjectRegistry:
 
     def __init__(self) -> None:
         self._by_address: dict[int, tuple[weakref.ref[Any], int]] = {}
+        self._by_uid: dict[int, weakref.ref[Any]] = {}
         self._counts: Counter[str] = Counter()
         self.op_labels: dict[int, str] = {}
         self.kinds: dict[int, str] = {}
@@ -34,12 +35,14 @@ class ObjectRegistry:
         except TypeError:
             return uid
         self._by_address[id(obj)] = (ref, uid)
+        self._by_uid[uid] = ref
         return uid
 
     def _forgetter(self, address: int, uid: int) -> Any:
-        table = self._by_address
+        table, by_uid = self._by_address, self._by_uid
 
         def forget(_ref: Any) -> None:
+            by_uid.pop(uid, None)
             entry = table.get(address)
             if entry is not None and entry[1] == uid:
                 del table[address]
@@ -52,7 +55,5 @@ class ObjectRegistry:
 
     def get(self, uid: int) -> Any | None:
         """The live object for `uid`, or None once it has died."""
-        for ref, known in self._by_address.values():
-            if known == uid:
-                return ref()
-        return None
+        ref = self._by_uid.get(uid)
+        return None if ref is None else ref()

@@ -84,15 +84,21 @@ def walk_namespace(
 
 
 def find_names(
-    roots: Mapping[str, Any], wanted: Mapping[int, int], budget_s: float = 0.25
+    roots: Mapping[str, Any],
+    wanted: Mapping[int, int],
+    budget_s: float = 0.25,
+    also: Callable[[Any, str], None] | None = None,
 ) -> tuple[dict[int, str], bool]:
-    """Map uid -> shortest user path for objects whose address is in `wanted` (address -> uid)."""
+    """Map uid -> shortest user path for objects whose address is in `wanted` (address -> uid);
+    `also(obj, path)` sees every visited object in the same walk."""
     names: dict[int, str] = {}
 
     def visit(obj: Any, path: str) -> None:
         uid = wanted.get(id(obj))
         if uid is not None and uid not in names:
             names[uid] = path
+        if also is not None:
+            also(obj, path)
 
     complete = walk_namespace(roots, visit, budget_s=budget_s)
     return names, complete

@@ -21,7 +21,7 @@ from torch.overrides import TorchFunctionMode
 
 from autograd_magic.aliases import AliasTracker
 from autograd_magic.ops import OpKind, classify
-from autograd_magic.records import BackwardCall, Blindspot, SavedBuffer, Site
+from autograd_magic.records import BackwardCall, Blindspot, Holder, SavedBuffer, Site
 from autograd_magic.saved import PackedSaved, probe_saved, storage_of
 from autograd_magic.sites import SiteFinder, is_library_file
 from autograd_magic.trace import Trace
@@ -133,10 +133,19 @@ class Recorder:
     def finish(self, namespace: dict[str, Any]) -> None:
         """Resolve labels against the user's namespace and compute findings (block has ended)."""
         self.aliases.check_numpy_writes()
-        self.aliases.resolve_labels(namespace, self._name_budget_s)
+        key, holders, seen = self._key, self.trace.holders, set()
+
+        def note_holder(obj: Any, path: str) -> None:
+            if isinstance(obj, torch.Tensor) and obj.grad_fn is not None:
+                tag = obj.grad_fn.metadata.get(key)
+                if tag is not None and tag.node_id not in seen:
+                    seen.add(tag.node_id)
+                    holders.append(Holder(path, tag.node_id))
+
+        self.aliases.resolve_labels(namespace, self._name_budget_s, also=note_holder)
         from autograd_magic.findings import analyze
 
-        self.trace.findings = analyze(self.trace, self, namespace)
+        self.trace.findings = analyze(self.trace)
         self.trace.finished = True
 
     # ----- per-call path ----------------------------------------------------------------
@@ -300,6 +309,10 @@ class Recorder:
             create_graph,
         )
         trace.backward_calls.append(call)
+        reached: list[int] = []
+        # Bookkeeping must never stop the user's backward.
+        with contextlib.suppress(Exception):
+            reached = self._reach(call, _backward_roots(bound.arguments))
         trace._active_backward = call
         trace._sample("backward start", site, force=True)
         try:
@@ -307,11 +320,42 @@ class Recorder:
         except BaseException as exc:
             call.error = str(exc)
             call.error_type = type(exc).__name__
+            call.reached = tuple(reached)
             raise
         finally:
             trace._active_backward = None
             call.end_seq = trace._next_seq()
             trace._sample("backward", site, force=True)
+
+    def _reach(self, call: BackwardCall, roots: list[torch.Tensor]) -> list[int]:
+        """Walk the recorded graph a backward call is about to traverse (records only, no nodes)."""
+        self._register_outputs(roots, len(self._unowned))
+        trace = self.trace
+        root_ids = []
+        for tensor in roots:
+            tag = None if tensor.grad_fn is None else tensor.grad_fn.metadata.get(self._key)
+            if tag is not None:
+                root_ids.append(tag.node_id)
+        call.root_ids = tuple(root_ids)
+        index = len(trace.backward_calls) - 1
+        previous = trace.backward_calls[-2].seq if index > 0 else 0
+        seen, stack = set(root_ids), list(root_ids)
+        while stack:
+            record = trace.node(stack.pop())
+            if record is None:
+                continue
+            if record.reached_by is None:
+                record.reached_by = index
+            if record.born_seq < previous and not record.existed_before:
+                call.earlier_nodes += 1
+            for child in record.next_ids:
+                if child not in seen:
+                    seen.add(child)
+                    stack.append(child)
+        call.graph_nodes = len(seen)
+        if call.retain_graph:
+            call.reached = tuple(seen)
+        return list(seen)
 
     # ----- from_numpy and blind spots ---------------------------------------------------
     def _from_numpy(self, array: Any) -> torch.Tensor:
@@ -338,6 +382,16 @@ _HOOKS_MESSAGE = (
     "Your own saved-tensor hooks (torch.utils.checkpoint, save_on_cpu, ...) were active at line "
     "{line}: tensors saved under them are handled by your hooks and not counted here."
 )
+
+
+def _backward_roots(arguments: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors a backward/grad call starts from."""
+    roots = arguments.get("self", arguments.get("tensors", arguments.get("outputs")))
+    if isinstance(roots, torch.Tensor):
+        return [roots]
+    if isinstance(roots, (list, tuple)):
+        return [t for t in roots if isinstance(t, torch.Tensor)]
+    return []
 
 
 def _user_hooks_active(our_pack: Any) -> bool:

@@ -40,6 +40,7 @@ class NodeRecord:
     freed_seq: int | None = None
     freed_site: Site | None = None
     existed_before: bool = False
+    reached_by: int | None = None  # index of the first backward call that walked this node
 
     @property
     def born_line(self) -> int:
@@ -116,6 +117,8 @@ class VersionBump:
     bypass: bool = False
     bypassed_id: int = 0
     bypassed: str = ""
+    sharer_ids: tuple[int, ...] = ()
+    sharers: tuple[str, ...] = ()
 
     @property
     def line(self) -> int:
@@ -136,6 +139,10 @@ class BackwardCall:
     released_bytes: int = 0
     error: str | None = None
     error_type: str | None = None
+    root_ids: tuple[int, ...] = ()
+    graph_nodes: int = 0
+    earlier_nodes: int = 0
+    reached: tuple[int, ...] = ()  # node ids walked; kept for retain_graph and failed calls
 
     @property
     def line(self) -> int:
@@ -173,6 +180,14 @@ class Finding:
     related_lines: tuple[int, ...] = ()
     holder: str | None = None
     nbytes: int = 0
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A user-visible path (`losses[3]`, `crit.loss`) that keeps a live graph root alive."""
+
+    path: str
+    node_id: int
 
 
 @dataclass(frozen=True)

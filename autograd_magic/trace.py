@@ -16,6 +16,7 @@ from autograd_magic.records import (
     BackwardCall,
     Blindspot,
     Finding,
+    Holder,
     NodeRecord,
     SavedBuffer,
     Site,
@@ -55,6 +56,7 @@ class Trace:
         self.timeline: list[TimelineSample] = []
         self.findings: list[Finding] = []
         self.blindspots: list[Blindspot] = []
+        self.holders: list[Holder] = []
         self.labels: dict[int, str] = {}
         self.object_kinds: dict[int, str] = {}
         self.max_records = max_records
