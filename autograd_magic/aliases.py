@@ -88,37 +88,45 @@ class AliasTracker:
 
         table.setdefault(key, {})[buffer_id] = weakref.ref(packed, forget)
 
-    def _saved_on(self, tensor: torch.Tensor) -> tuple[list[int], bool]:
-        """Live saved buffers on `tensor`'s memory, and whether any was changed unseen."""
-        hits, silent = [], False
+    def _saved_on(self, tensor: torch.Tensor, saved_before: int) -> tuple[list[int], list[int]]:
+        """Live buffers saved before the write on `tensor`'s memory: (those whose version check
+        will now fail, those changed without their version moving)."""
+        failing, silent = [], []
         for buffer_id, ref in list(self._live_saved.get(storage_of(tensor)[0], {}).items()):
             packed = ref()
-            if packed is None:
+            # Buffers with a later id were saved by the writing op itself (relu_ saves its output).
+            if packed is None or buffer_id > saved_before:
                 continue
-            hits.append(buffer_id)
-            silent = silent or packed.tensor._version == packed.version
-        return hits, silent
+            unchanged = packed.tensor._version == packed.version
+            (silent if unchanged else failing).append(buffer_id)
+        return failing, silent
 
     # ----- in-place writes ---------------------------------------------------------------
     def run_inplace(self, func: Callable[..., Any], op: str, args: tuple, kwargs: dict) -> Any:
         """Run an op that may write in place and record each version bump it causes."""
         targets = _write_targets(args, kwargs)
         before = [t._version for t in targets]
+        saved_before = self.trace.buffers_saved
         out = func(*args, **kwargs)
         site = None
         for tensor, old in zip(targets, before, strict=True):
             new = tensor._version
             if new != old:
                 site = site or self.sites.here(2)
-                self._record_bump(tensor, op, old, new, site)
+                self._record_bump(tensor, op, old, new, site, saved_before)
         return out
 
-    def _record_bump(self, tensor: torch.Tensor, op: str, old: int, new: int, site: Site) -> None:
+    def _record_bump(
+        self, tensor: torch.Tensor, op: str, old: int, new: int, site: Site, saved_before: int
+    ) -> None:
         trace = self.trace
         uid = self.registry.uid(tensor, "tensor")
         trace.labels.setdefault(uid, self.registry.op_labels[uid])
-        hits, silent = self._saved_on(tensor)
+        failing, silent = self._saved_on(tensor, saved_before)
         source = self._separate_counter.get(uid)
+        # A write through a separate counter (.data, NumPy) leaves saved copies looking intact.
+        bypass = bool(silent) or source is not None
+        hits = silent if bypass and silent else failing
         sharers = self._live_sharers(uid)
         bump = VersionBump(
             label=trace.labels[uid],
@@ -129,7 +137,7 @@ class AliasTracker:
             site=site,
             object_id=uid,
             hit_buffers=tuple(hits),
-            bypass=source is not None or (bool(hits) and silent),
+            bypass=bypass,
             bypassed_id=source or 0,
             sharer_ids=sharers,
         )
@@ -168,7 +176,7 @@ class AliasTracker:
 
     def _record_numpy_write(self, watch: _NumpyWatch, tensor: torch.Tensor) -> None:
         trace = self.trace
-        hits, _ = self._saved_on(tensor)
+        _, hits = self._saved_on(tensor, self.trace.buffers_saved)
         site = self.sites.here(2)
         bump = VersionBump(
             label=trace.labels.get(watch.array_uid, ""),

@@ -13,6 +13,7 @@ import contextlib
 import inspect
 import sys
 import weakref
+from collections import Counter
 from types import CodeType, TracebackType
 from typing import Any
 
@@ -27,6 +28,7 @@ from autograd_magic.sites import SiteFinder, is_library_file
 from autograd_magic.trace import Trace
 
 _ACCUMULATE = "AccumulateGrad"
+MAX_PATHS_PER_ROOT = 4
 _BACKWARD_SIGNATURES = {
     torch.Tensor.backward: inspect.signature(torch.Tensor.backward),
     torch.autograd.backward: inspect.signature(torch.autograd.backward),
@@ -133,13 +135,14 @@ class Recorder:
     def finish(self, namespace: dict[str, Any]) -> None:
         """Resolve labels against the user's namespace and compute findings (block has ended)."""
         self.aliases.check_numpy_writes()
-        key, holders, seen = self._key, self.trace.holders, set()
+        key, holders, paths = self._key, self.trace.holders, Counter()
 
         def note_holder(obj: Any, path: str) -> None:
             if isinstance(obj, torch.Tensor) and obj.grad_fn is not None:
                 tag = obj.grad_fn.metadata.get(key)
-                if tag is not None and tag.node_id not in seen:
-                    seen.add(tag.node_id)
+                # A few paths per root: `loss` and `losses[2]` may name the same tensor.
+                if tag is not None and paths[tag.node_id] < MAX_PATHS_PER_ROOT:
+                    paths[tag.node_id] += 1
                     holders.append(Holder(path, tag.node_id))
 
         self.aliases.resolve_labels(namespace, self._name_budget_s, also=note_holder)
