@@ -227,7 +227,7 @@ class AliasTracker:
             self._separate_counter[item_uid] = source_uid
         if shares and (_is_ndarray(item) or _is_ndarray(source)):
             array, tensor = (item, source) if _is_ndarray(item) else (source, item)
-            if array.nbytes <= NUMPY_WATCH_MAX_BYTES:
+            if array.nbytes <= NUMPY_WATCH_MAX_BYTES and not tensor.is_inference():
                 array_uid = item_uid if array is item else source_uid
                 tensor_uid = source_uid if array is item else item_uid
                 self._numpy_watches.append(_NumpyWatch(array, tensor, array_uid, tensor_uid))
@@ -288,4 +288,5 @@ def _write_targets(args: tuple, kwargs: dict) -> list[torch.Tensor]:
             targets.append(candidate)
         elif isinstance(candidate, (list, tuple)):
             targets.extend(t for t in candidate if isinstance(t, torch.Tensor))
-    return targets
+    # Inference tensors have no version counter (reading it raises).
+    return [t for t in targets if not t.is_inference()]

@@ -60,7 +60,8 @@ def walk_namespace(
     max_depth: int = 4,
     budget_s: float = 0.25,
 ) -> bool:
-    """Call `visit(obj, path)` for each object reachable from `roots`; False when time ran out."""
+    """Call `visit(obj, path)` for each path to each object reachable from `roots` (shortest
+    first; each object walked into once); False when time ran out."""
     deadline = time.perf_counter() + budget_s
     seen: set[int] = set()
     queue: deque[tuple[Any, str, int]] = deque()
@@ -70,7 +71,12 @@ def walk_namespace(
     steps = 0
     while queue:
         obj, path, depth = queue.popleft()
-        if isinstance(obj, (*_ATOMIC, *_OPAQUE)) or id(obj) in seen:
+        if isinstance(obj, (*_ATOMIC, *_OPAQUE)):
+            continue
+        if id(obj) in seen:
+            # Seen before under a shorter path: report this path too (`loss` is `losses[2]`),
+            # but do not walk into it again.
+            visit(obj, path)
             continue
         seen.add(id(obj))
         visit(obj, path)

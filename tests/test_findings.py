@@ -1,0 +1,364 @@
+"""Findings: each kind fires on the classic mistake (naming the variable and line) and stays
+silent on the correct version of the same code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import autograd_magic as am
+from autograd_magic.findings import KINDS, analyze, format_bytes
+
+_SOURCE = Path(__file__).read_text().splitlines()
+
+
+def line_of(marker: str) -> int:
+    """The line number of the only source line ending with `# <marker>`."""
+    hits = [i + 1 for i, text in enumerate(_SOURCE) if text.rstrip().endswith(f"# {marker}")]
+    assert len(hits) == 1, marker
+    return hits[0]
+
+
+def kinds(trace: am.Trace) -> list[str]:
+    return [f.kind for f in trace.findings]
+
+
+def only(trace: am.Trace, kind: str) -> am.Finding:
+    found = [f for f in trace.findings if f.kind == kind]
+    assert len(found) == 1, trace.findings
+    return found[0]
+
+
+@pytest.fixture
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+
+
+def test_clean_training_loop_has_no_findings(model):
+    # GIVEN zero_grad, forward, backward, step, logging loss.item()
+    data, target = torch.randn(32, 8), torch.randn(32, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # WHEN it runs tracked
+    with am.track() as trace:
+        history = []
+        for _ in range(4):
+            opt.zero_grad()
+            loss = F.mse_loss(model(data), target)
+            loss.backward()
+            opt.step()
+            history.append(loss.item())
+    # THEN nothing is reported
+    assert trace.findings == []
+
+
+def test_inference_under_no_grad_has_no_findings(model):
+    with am.track() as trace:
+        with torch.no_grad():
+            for _ in range(3):
+                out = model(torch.randn(4, 8))
+        with torch.inference_mode():
+            out = model(torch.randn(4, 8))
+    assert out.shape == (4, 1)
+    assert trace.findings == []
+
+
+# ----- kept-alive ------------------------------------------------------------------------
+def test_running_total_loss_keeps_every_iterations_graph(model):
+    data, target = torch.randn(16, 8), torch.randn(16, 1)
+    with am.track() as trace:
+        total_loss = 0
+        for _ in range(3):
+            loss = F.mse_loss(model(data), target)
+            loss.backward()
+            total_loss += loss  # ACCUMULATE
+    finding = only(trace, "kept-alive")
+    assert finding.holder == "total_loss"
+    assert finding.line == line_of("ACCUMULATE")
+    assert "`total_loss`" in finding.message and "3 iterations" in finding.message
+    assert ".item()" in finding.message
+
+
+def test_running_total_of_item_is_clean(model):
+    data, target = torch.randn(16, 8), torch.randn(16, 1)
+    with am.track() as trace:
+        total_loss = 0.0
+        for _ in range(3):
+            loss = F.mse_loss(model(data), target)
+            loss.backward()
+            total_loss += loss.item()
+    assert "kept-alive" not in kinds(trace)
+
+
+def test_list_of_losses_is_reported_by_container_name(model):
+    data, target = torch.randn(16, 8), torch.randn(16, 1)
+    with am.track() as trace:
+        losses = []
+        for _ in range(3):
+            loss = F.mse_loss(model(data), target)  # LOSS
+            loss.backward()
+            losses.append(loss)
+    finding = only(trace, "kept-alive")
+    assert finding.holder == "losses"
+    assert finding.line == line_of("LOSS")
+    assert "3 tensors" in finding.message
+
+
+def test_module_attribute_self_loss_is_reported(model):
+    class Criterion(nn.Module):
+        def forward(self, out, target):
+            self.loss = F.mse_loss(out, target)
+            return self.loss
+
+    crit = Criterion()
+    data, target = torch.randn(16, 8), torch.randn(16, 1)
+    with am.track() as trace:
+        for _ in range(2):
+            crit(model(data), target).backward()  # CRIT
+    finding = only(trace, "kept-alive")
+    assert finding.holder == "crit.loss"
+    assert finding.line == line_of("CRIT")
+
+
+# ----- graph-growth, retained-graph, backward-through-freed ------------------------------
+def test_rnn_hidden_state_with_retain_graph_grows_and_names_the_carried_variable():
+    torch.manual_seed(0)
+    cell = nn.RNNCell(4, 8)
+    with am.track() as trace:
+        h = torch.zeros(1, 8)
+        for _ in range(4):
+            h = cell(torch.randn(1, 4), h)  # CARRY
+            h.sum().backward(retain_graph=True)  # RETAIN
+    growth = only(trace, "graph-growth")
+    assert growth.holder == "h"
+    assert growth.line == line_of("CARRY")
+    assert "h = h.detach()" in growth.message
+    assert line_of("RETAIN") in growth.related_lines
+    retained = only(trace, "retained-graph")
+    assert retained.line == line_of("RETAIN")
+    assert retained.nbytes > 0
+
+
+def test_rnn_hidden_state_detached_is_clean():
+    torch.manual_seed(0)
+    cell = nn.RNNCell(4, 8)
+    with am.track() as trace:
+        h = torch.zeros(1, 8)
+        for _ in range(4):
+            h = cell(torch.randn(1, 4), h.detach())
+            h.sum().backward()
+    assert trace.findings == []
+
+
+def test_backward_twice_names_the_releasing_backward_and_the_shared_part():
+    with am.track() as trace:
+        a = torch.rand(1, 4, requires_grad=True)
+        b = a**2  # SHARED
+        c = b * 2
+        d = c.mean()
+        e = c.sum()
+        d.backward()  # FIRST
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            e.backward()  # SECOND
+    finding = only(trace, "backward-through-freed")
+    assert finding.line == line_of("SECOND")
+    assert line_of("FIRST") in finding.related_lines
+    assert line_of("SHARED") in finding.related_lines
+    assert "retain_graph=True" in finding.message and "(loss1 + loss2)" in finding.message
+    assert finding.holder == "e"
+
+
+def test_retain_graph_then_plain_backward_releases_everything():
+    with am.track() as trace:
+        a = torch.rand(1, 4, requires_grad=True)
+        c = (a**2) * 2
+        c.mean().backward(retain_graph=True)
+        c.sum().backward()
+    assert trace.findings == []
+
+
+def test_two_heads_on_a_shared_trunk():
+    torch.manual_seed(0)
+    trunk, head1, head2 = nn.Linear(8, 16), nn.Linear(16, 1), nn.Linear(16, 1)
+    x = torch.randn(4, 8)
+    with am.track() as trace:
+        features = torch.tanh(trunk(x))  # TRUNK
+        loss1 = head1(features).pow(2).mean()
+        loss2 = head2(features).pow(2).mean()
+        loss1.backward()  # HEAD1
+        with pytest.raises(RuntimeError):
+            loss2.backward()
+    finding = only(trace, "backward-through-freed")
+    assert finding.holder == "loss2"
+    assert line_of("HEAD1") in finding.related_lines
+    assert line_of("TRUNK") in finding.related_lines
+
+
+def test_retained_graph_left_unreleased_is_reported_with_bytes():
+    x = torch.randn(64, 64, requires_grad=True)
+    with am.track() as trace:
+        y = torch.tanh(x @ x)
+        loss = y.sum()
+        loss.backward(retain_graph=True)  # KEEP
+    finding = only(trace, "retained-graph")
+    assert finding.line == line_of("KEEP")
+    assert finding.nbytes == trace.snapshot().retained_bytes > 0
+    assert format_bytes(finding.nbytes) in finding.message
+    assert finding.holder == "loss"
+
+
+# ----- in-place and shared-memory writes -------------------------------------------------
+def test_inplace_relu_on_a_saved_output_is_reported_before_backward_fails():
+    x = torch.randn(10, requires_grad=True)
+    with am.track() as trace:
+        y = torch.sigmoid(x * 2)  # SAVES
+        F.relu(y, inplace=True)  # WRITE
+    finding = only(trace, "inplace-on-saved")
+    assert finding.line == line_of("WRITE")
+    assert line_of("SAVES") in finding.related_lines
+    assert "SigmoidBackward0" in finding.message and "`y`" in finding.message
+
+
+def test_out_of_place_relu_is_clean():
+    x = torch.randn(10, requires_grad=True)
+    with am.track() as trace:
+        y = torch.sigmoid(x * 2)
+        z = F.relu(y)
+        z.sum().backward()
+    assert trace.findings == []
+
+
+def test_inplace_relu_after_linear_is_clean():
+    """relu_ on a tensor nobody saved (addmm does not save its output) is fine."""
+    lin = nn.Linear(4, 4)
+    with am.track() as trace:
+        h = lin(torch.randn(2, 4))
+        F.relu(h, inplace=True)
+        h.sum().backward()
+    assert trace.findings == []
+
+
+def test_inplace_through_detach_alias_counts_and_shares():
+    x = torch.randn(5, requires_grad=True)
+    with am.track() as trace:
+        y = x.exp()
+        d = y.detach()
+        d.add_(1)  # ALIAS
+    assert only(trace, "inplace-on-saved").line == line_of("ALIAS")
+    shared = only(trace, "shared-write")
+    assert "`d`" in shared.message and "`y`" in shared.message
+
+
+def test_optimizer_step_on_weights_a_retained_graph_saved():
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 1)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    x = torch.randn(8, 4, requires_grad=True)
+    with am.track() as trace:
+        out = (lin(x) ** 2).sum()
+        out.backward(retain_graph=True)
+        opt.step()  # STEP
+    finding = only(trace, "inplace-on-saved")
+    assert finding.line == line_of("STEP")
+    assert "optimizer" in finding.message
+
+
+def test_numpy_write_to_a_from_numpy_tensor_is_a_shared_write_when_named():
+    with am.track() as trace:
+        arr = np.zeros(3, dtype=np.float32)
+        t = torch.from_numpy(arr)
+        t.add_(1)  # NPWRITE
+    finding = only(trace, "shared-write")
+    assert finding.line == line_of("NPWRITE")
+    assert "`arr`" in finding.message
+
+
+def test_clone_then_write_is_clean():
+    with am.track() as trace:
+        arr = np.zeros(3, dtype=np.float32)
+        t = torch.from_numpy(arr).clone()
+        t.add_(1)
+    assert trace.findings == []
+    assert arr.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_data_write_after_save_is_a_silent_bypass():
+    w = torch.randn(5, requires_grad=True)
+    with am.track() as trace:
+        z = w.exp()  # EXP
+        z.data.mul_(2)  # DATA
+        z.sum().backward()
+    finding = only(trace, "data-bypass")
+    assert finding.line == line_of("DATA")
+    assert line_of("EXP") in finding.related_lines
+    assert "`z.data`" in finding.message and "silently" in finding.message
+
+
+def test_numpy_write_after_save_is_a_silent_bypass():
+    w = torch.randn(4, requires_grad=True)
+    with am.track() as trace:
+        arr = np.ones(4, dtype=np.float32)
+        src = torch.from_numpy(arr)
+        prod = w * src
+        arr[0] = 100.0
+        prod.sum().backward()  # SEEN
+    finding = only(trace, "data-bypass")
+    assert finding.line == line_of("SEEN")
+    assert "`arr`" in finding.message and "`src`" in finding.message
+
+
+def test_data_write_before_forward_is_clean():
+    w = torch.randn(5, requires_grad=True)
+    with am.track() as trace:
+        w.data.mul_(2)
+        w.exp().sum().backward()
+    assert "data-bypass" not in kinds(trace)
+
+
+# ----- unused-graph ----------------------------------------------------------------------
+def test_inference_without_no_grad_reports_unused_graph(model):
+    with am.track() as trace:
+        for _ in range(3):
+            out = model(torch.randn(4, 8))  # INFER
+    assert out.requires_grad
+    finding = only(trace, "unused-graph")
+    assert finding.line == line_of("INFER")
+    assert "torch.no_grad()" in finding.message
+    assert finding.nbytes > 0
+
+
+def test_seed_per_sample_forward_graphs_freed_when_out_is_rebound(model):
+    """Seed 000: forward every sample, backprop only some; when are the others freed?"""
+    data, target = torch.randn(8, 8), torch.randn(8)
+    with am.track() as trace:
+        total_loss = 0
+        for i in range(len(target)):
+            out = model(data[i].unsqueeze(0))  # FORWARD
+            if i % 2:
+                continue
+            total_loss += F.mse_loss(out.squeeze(), target[i])
+            if i % 4 == 2:
+                total_loss.backward()  # BACKWARD
+                total_loss = 0  # RESET
+    finding = only(trace, "unused-graph")
+    assert finding.line == line_of("FORWARD")
+    assert f"most at line {line_of('FORWARD')}" in finding.message
+    # the accumulated graphs' buffers go at the backward line, their nodes when reset
+    used = [b for b in trace.buffers if b.freed and b.freed_line == line_of("BACKWARD")]
+    assert used
+    assert any(n.freed_line == line_of("RESET") for n in trace.nodes)
+
+
+def test_every_kind_is_documented_and_analyze_is_pure_over_json():
+    x = torch.randn(5, requires_grad=True)
+    with am.track() as trace:
+        y = x.exp()
+        y.add_(1)
+    loaded = am.Trace.from_json(trace.to_json())
+    assert [f.kind for f in analyze(loaded)] == kinds(trace)
+    assert set(kinds(trace)) <= set(KINDS)
