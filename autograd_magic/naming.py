@@ -6,6 +6,8 @@ Breadth-first, so the shortest path wins; time-boxed, and says so when cut.
 
 from __future__ import annotations
 
+import inspect
+import sys
 import time
 import types
 from collections import deque
@@ -108,3 +110,22 @@ def find_names(
 
     complete = walk_namespace(roots, visit, budget_s=budget_s)
     return names, complete
+
+
+def frame_namespace(frame: types.FrameType) -> dict[str, Any]:
+    """A copy of the globals and locals visible in `frame`.
+
+    Before Python 3.13, reading `f_locals` of a function frame caches a snapshot dict on the frame
+    that keeps every local's value alive until the function returns, even after the user deletes
+    or rebinds the name: tracking would extend the life of tensors and graphs. The snapshot is
+    emptied once copied (the next `locals()` or debugger access rebuilds it from the real locals).
+    """
+    f_locals = frame.f_locals
+    namespace = {**frame.f_globals, **f_locals}
+    if (
+        sys.version_info < (3, 13)
+        and frame.f_code.co_flags & inspect.CO_OPTIMIZED
+        and f_locals is not frame.f_globals
+    ):
+        f_locals.clear()
+    return namespace

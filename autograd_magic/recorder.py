@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import sys
+import threading
 import weakref
 from collections import Counter
 from types import CodeType, TracebackType
@@ -21,6 +22,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from autograd_magic.aliases import AliasTracker
+from autograd_magic.naming import frame_namespace
 from autograd_magic.ops import OpKind, classify
 from autograd_magic.records import BackwardCall, Blindspot, Holder, SavedBuffer, Site
 from autograd_magic.saved import PackedSaved, probe_saved, storage_of
@@ -28,6 +30,7 @@ from autograd_magic.sites import SiteFinder, is_library_file
 from autograd_magic.trace import Trace
 
 _ACCUMULATE = "AccumulateGrad"
+_HOOKS_CLASS = torch.autograd.graph.saved_tensors_hooks
 MAX_PATHS_PER_ROOT = 4
 _BACKWARD_SIGNATURES = {
     torch.Tensor.backward: inspect.signature(torch.Tensor.backward),
@@ -89,9 +92,11 @@ class Recorder:
         self._unowned: list[int] = []
         self._probe_hits: list[int] | None = None
         self._sequence_start = 0
+        self._thread = 0
         self._hooks: Any = None
         self._mode: _RecorderMode | None = None
         self._original_from_numpy: Any = None
+        self._original_hooks_enter: Any = None
         self._blind_lines: set[tuple[str, int]] = set()
         self.aliases = AliasTracker(self.trace, self._sites)
 
@@ -101,6 +106,7 @@ class Recorder:
             self._home_code = self._sites.home_code = sys._getframe(1).f_code
         self.trace._locate = self._sites.here
         self._sequence_start = _current_sequence_nr()
+        self._thread = threading.get_ident()
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         try:
@@ -111,6 +117,8 @@ class Recorder:
             raise
         self._original_from_numpy = torch.from_numpy
         torch.from_numpy = self._from_numpy
+        self._original_hooks_enter = _HOOKS_CLASS.__enter__
+        _HOOKS_CLASS.__enter__ = self._hooks_enter_wrapper()
         return self.trace
 
     def __exit__(
@@ -118,6 +126,8 @@ class Recorder:
     ) -> bool:
         try:
             torch.from_numpy = self._original_from_numpy
+            if self._original_hooks_enter is not None:
+                _HOOKS_CLASS.__enter__ = self._original_hooks_enter
             if self._mode is not None:
                 self._mode.__exit__(None, None, None)
         finally:
@@ -127,8 +137,7 @@ class Recorder:
             self.trace.error_site = _site_of_traceback(tb, self._sites)
         namespace = self._namespace
         if namespace is None:
-            caller = sys._getframe(1)
-            namespace = {**caller.f_globals, **caller.f_locals}
+            namespace = frame_namespace(sys._getframe(1))
         self.finish(namespace)
         return False
 
@@ -179,19 +188,48 @@ class Recorder:
         return out
 
     def _register_outputs(self, out: Any, mark: int) -> None:
-        roots = []
+        key = self._key
         if isinstance(out, torch.Tensor):
             grad_fn = out.grad_fn
-            if grad_fn is not None and self._key not in grad_fn.metadata:
-                roots.append(grad_fn)
-        elif isinstance(out, (tuple, list)):
+            if (
+                grad_fn is not None
+                and key not in grad_fn.metadata
+                and not self._born_alone(grad_fn, mark)
+            ):
+                self._discover([grad_fn], mark)
+            return
+        if isinstance(out, (tuple, list)):
+            roots = []
             for item in out:
                 if isinstance(item, torch.Tensor):
                     grad_fn = item.grad_fn
-                    if grad_fn is not None and self._key not in grad_fn.metadata:
+                    if grad_fn is not None and key not in grad_fn.metadata:
                         roots.append(grad_fn)
-        if roots:
-            self._discover(roots, mark)
+            if roots:
+                self._discover(roots, mark)
+
+    def _born_alone(self, node: Any, mark: int) -> bool:
+        """Fast path for the common op: one new node whose inputs' nodes are all known."""
+        key = self._key
+        next_ids = []
+        for child, _ in node.next_functions:
+            if child is not None:
+                tag = child.metadata.get(key)
+                if tag is None:
+                    return False
+                next_ids.append(tag.node_id)
+        node_id = self._next_node_id
+        self._next_node_id += 1
+        node.metadata[key] = _NodeTag(self._trace_ref, node_id)
+        site = self._sites.here(3)
+        trace = self.trace
+        trace._next_seq()
+        name = type(node).__name__
+        trace._on_node_born(node_id, name, site, False, tuple(next_ids))
+        trace._sample("nodes created", site)
+        if self._unowned:
+            self._assign_buffers([(node, node_id, None)], mark, site)
+        return True
 
     def _discover(self, roots: list[Any], mark: int) -> None:
         """Tag every node reachable from `roots` that this trace has not seen; assign buffers."""
@@ -211,9 +249,15 @@ class Recorder:
             stack.extend(child for child, _ in next_functions if child is not None)
         site = self._sites.here(2)
         trace._next_seq()
+        root_ids = {id(root) for root in roots}
         for node, node_id, next_functions in found:
             name = type(node).__name__
-            existed = name != _ACCUMULATE and node._sequence_nr() < self._sequence_start
+            # An op's own output node is new; only deeper nodes may predate the block.
+            existed = (
+                id(node) not in root_ids
+                and name != _ACCUMULATE
+                and node._sequence_nr() < self._sequence_start
+            )
             next_ids = tuple(
                 child.metadata[key].node_id for child, _ in next_functions if child is not None
             )
@@ -221,14 +265,11 @@ class Recorder:
             if name == "CompiledFunctionBackward":
                 self._note_blindspot("compiled", site, _COMPILED_MESSAGE)
         trace._sample("nodes created", site)
-        self._assign_buffers(found, mark, site)
+        if self._unowned:
+            self._assign_buffers(found, mark, site)
 
     def _assign_buffers(self, found: list[tuple[Any, int, Any]], mark: int, site: Site) -> None:
         unowned = self._unowned
-        if not unowned:
-            if _user_hooks_active(self._pack):
-                self._note_blindspot("saved-tensor-hooks", site, _HOOKS_MESSAGE)
-            return
         nodes = [(n, i) for n, i, _ in found if type(n).__name__ != _ACCUMULATE]
         if mark == 0 and len(nodes) == 1:
             owner = nodes[0][1]
@@ -256,7 +297,7 @@ class Recorder:
         try:
             buffer_id = self._next_buffer_id
             self._next_buffer_id += 1
-            packed = PackedSaved(tensor, self._trace_ref, buffer_id)
+            packed = PackedSaved(tensor, self._trace_ref, buffer_id, self._is_old(tensor))
             packed.storage_key, storage_nbytes = storage_of(tensor)
             trace = self.trace
             trace._next_seq()
@@ -283,6 +324,20 @@ class Recorder:
             return packed
         finally:
             self._busy -= 1
+
+    def _is_old(self, tensor: torch.Tensor) -> bool:
+        """True when `tensor.grad_fn` is surely not the node saving it (then `tensor` is an input
+        or a leaf, which PyTorch keeps whole): none, already tagged, or made before the block on
+        this thread (sequence numbers are per thread)."""
+        grad_fn = tensor.grad_fn
+        return (
+            grad_fn is None
+            or self._key in grad_fn.metadata
+            or (
+                threading.get_ident() == self._thread
+                and grad_fn._sequence_nr() < self._sequence_start
+            )
+        )
 
     def _unpack(self, packed: PackedSaved) -> torch.Tensor:
         hits = self._probe_hits
@@ -370,6 +425,19 @@ class Recorder:
             self._busy -= 1
         return tensor
 
+    def _hooks_enter_wrapper(self) -> Any:
+        """A `saved_tensors_hooks.__enter__` that notes user hooks (they hide saved tensors)."""
+        original, recorder_ref = self._original_hooks_enter, weakref.ref(self)
+
+        def enter(hooks: Any) -> Any:
+            recorder = recorder_ref()
+            if recorder is not None:
+                site = recorder._sites.here(1)
+                recorder._note_blindspot("saved-tensor-hooks", site, _HOOKS_MESSAGE)
+            return original(hooks)
+
+        return enter
+
     def _note_blindspot(self, kind: str, site: Site, message: str) -> None:
         if (kind, site.line) in self._blind_lines:
             return
@@ -395,11 +463,6 @@ def _backward_roots(arguments: dict[str, Any]) -> list[torch.Tensor]:
     if isinstance(roots, (list, tuple)):
         return [t for t in roots if isinstance(t, torch.Tensor)]
     return []
-
-
-def _user_hooks_active(our_pack: Any) -> bool:
-    top = torch._C._autograd._top_saved_tensors_default_hooks(False)
-    return top is not None and top[0] != our_pack
 
 
 def _current_sequence_nr() -> int:

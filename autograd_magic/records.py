@@ -28,7 +28,7 @@ class Site:
 UNKNOWN_SITE = Site(file="<unknown>", line=0)
 
 
-@dataclass
+@dataclass(slots=True)
 class NodeRecord:
     """One autograd node seen while tracing; `freed_*` stay None while it is alive."""
 
@@ -55,7 +55,7 @@ class NodeRecord:
         return self.freed_seq is None
 
 
-@dataclass
+@dataclass(slots=True)
 class SavedBuffer:
     """A tensor saved for backward ("retained buffer") and when autograd released it."""
 
@@ -89,7 +89,7 @@ class SavedBuffer:
         return self.saved_site.line
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AliasLink:
     """`member` got its memory from `source`: shared storage (`shares`) or a copy (not shared)."""
 
@@ -101,7 +101,7 @@ class AliasLink:
     site: Site
 
 
-@dataclass
+@dataclass(slots=True)
 class VersionBump:
     """An in-place write: version old -> new (equal when the write bypassed the counter)."""
 
@@ -125,7 +125,7 @@ class VersionBump:
         return self.site.line
 
 
-@dataclass
+@dataclass(slots=True)
 class BackwardCall:
     """A `backward()` or `torch.autograd.grad` call and what it released."""
 

@@ -8,6 +8,7 @@ Two traps (see NOTES.md) shape this module: the packed object keeps `t.detach()`
 from __future__ import annotations
 
 import contextlib
+import re
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -33,14 +34,24 @@ class PackedSaved:
         "version",
     )
 
-    def __init__(self, tensor: torch.Tensor, trace_ref: weakref.ref[Trace], buffer_id: int) -> None:
-        self.tensor = tensor.detach()
+    def __init__(
+        self,
+        tensor: torch.Tensor,
+        trace_ref: weakref.ref[Trace],
+        buffer_id: int,
+        keep_original: bool = False,
+    ) -> None:
+        # PyTorch itself keeps a saved input or leaf (the tensor object: its Python object stays
+        # alive with the graph) but only the data of a saved output. Doing the same keeps every
+        # freeing moment unchanged; `keep_original` is only set when `tensor.grad_fn` cannot be
+        # the node being built, so the output cycle of trap 1 cannot form.
+        self.tensor = tensor if keep_original else tensor.detach()
         self.version = tensor._version
         self.trace_ref = trace_ref
         self.buffer_id = buffer_id
         grad_fn = tensor.grad_fn
         self.grad_fn_name = None if grad_fn is None else grad_fn.name()
-        self.output_nr = tensor.output_nr
+        self.output_nr = None if keep_original else tensor.output_nr
         # A view of a parameter (addmm saves `weight.t()`) lives on the parameter's memory, which
         # the graph's death does not free: count it with the leaves.
         self.is_leaf = tensor.is_leaf or (tensor._is_view() and tensor._base.is_leaf)
@@ -64,15 +75,21 @@ class PackedSaved:
         return self.tensor
 
     def _version_error(self, current: int) -> str:
-        # Same text as torch/csrc/autograd/saved_variable.cpp, so users see the familiar error.
+        # Same text as torch/csrc/autograd/saved_variable.cpp: a kept input names its producer
+        # as it is now (output 0, as PyTorch reports it), a saved output the node that saved it.
         t = self.tensor
+        if self.output_nr is None:
+            grad_fn, output_nr = t.grad_fn, 0
+            name = None if grad_fn is None else grad_fn.name()
+        else:
+            name, output_nr = self.grad_fn_name, self.output_nr
         sizes = ", ".join(str(s) for s in t.shape)
         message = (
             "one of the variables needed for gradient computation has been modified by an "
             f"inplace operation: [{t.type()} [{sizes}]]"
         )
-        if self.grad_fn_name is not None:
-            message += f", which is output {self.output_nr} of {self.grad_fn_name},"
+        if name is not None:
+            message += f", which is output {output_nr} of {_forward_name(name)},"
         message += f" is at version {current}; expected version {self.version} instead."
         if torch.is_anomaly_enabled():
             message += (
@@ -83,9 +100,14 @@ class PackedSaved:
         else:
             message += (
                 " Hint: enable anomaly detection to find the operation that failed to compute "
-                "its gradient, with torch.autograd.set_detect_anomaly(True)."
+                "its gradient, with torch.autograd.set_detect_anomaly(True, check_nan=False)."
             )
         return message
+
+
+def _forward_name(node_name: str) -> str:
+    """`ExpBackward0` -> `Exp`, `MyFnBackward` -> `MyFn`: how PyTorch names the node here."""
+    return re.sub(r"Backward\d*$", "", node_name)
 
 
 def storage_of(tensor: torch.Tensor) -> tuple[int, int]:

@@ -44,6 +44,7 @@ class SiteFinder:
         self.home_code = home_code
         self._library: dict[str, bool] = {}
         self._interned: dict[tuple[str, str, int, int | None], Site] = {}
+        self._home_sites: dict[int, Site] = {}
 
     def here(self, skip: int = 1) -> Site:
         """The site of the calling event, looked up `skip` frames above this call."""
@@ -60,15 +61,23 @@ class SiteFinder:
         if frame is None:
             return UNKNOWN_SITE
         code = frame.f_code
-        outer = None
+        line = frame.f_lineno
         home = self.home_code
-        if home is not None and code is not home:
+        if code is home:
+            # The common case (an op on a line of the traced code itself): no key to build.
+            by_line = self._home_sites
+            site = by_line.get(line)
+            if site is None:
+                site = by_line[line] = Site(code.co_filename, line, code.co_name, None)
+            return site
+        outer = None
+        if home is not None:
             outer_frame = frame.f_back
             while outer_frame is not None and outer_frame.f_code is not home:
                 outer_frame = outer_frame.f_back
             if outer_frame is not None:
                 outer = outer_frame.f_lineno
-        key = (code.co_filename, code.co_name, frame.f_lineno, outer)
+        key = (code.co_filename, code.co_name, line, outer)
         site = self._interned.get(key)
         if site is None:
             site = self._interned[key] = Site(key[0], key[2], key[1], outer)

@@ -53,7 +53,9 @@ class Trace:
         self.links: list[AliasLink] = []
         self.version_bumps: list[VersionBump] = []
         self.backward_calls: list[BackwardCall] = []
-        self.timeline: list[TimelineSample] = []
+        self._timeline: list[TimelineSample] = []
+        self._run_open = False
+        self._run_seq = self._run_live = self._run_bytes = 0
         self.findings: list[Finding] = []
         self.blindspots: list[Blindspot] = []
         self.holders: list[Holder] = []
@@ -245,23 +247,46 @@ class Trace:
             call.released_bytes += nbytes
         self._sample("buffer released", site)
 
+    @property
+    def timeline(self) -> list[TimelineSample]:
+        """Samples of (sequence, live nodes, retained bytes, what happened, line)."""
+        self._flush_run()
+        return self._timeline
+
+    @timeline.setter
+    def timeline(self, samples: list[TimelineSample]) -> None:
+        self._timeline = list(samples)
+        self._run_open = False
+
+    def _flush_run(self) -> None:
+        if self._run_open:
+            last = self._timeline[-1]
+            self._timeline[-1] = TimelineSample(
+                self._run_seq, self._run_live, self._run_bytes, last.what, last.line
+            )
+            self._run_open = False
+
     def _sample(self, what: str, site: Site, force: bool = False) -> None:
-        """Append a timeline sample; repeated events on one line fold into one sample."""
-        timeline = self.timeline
-        sample = TimelineSample(self.seq, self.live_nodes, self.retained_bytes, what, site.line)
-        if timeline:
+        """Record the state after an event; a run of the same event on one line folds into one
+        sample (kept as three ints until the run ends: no allocation per op)."""
+        timeline = self._timeline
+        line = site.line
+        if not force and timeline:
             last = timeline[-1]
-            if not force and last.what == what and last.line == site.line:
-                timeline[-1] = sample
+            if last.what == what and last.line == line:
+                self._run_seq, self._run_live = self.seq, self.live_nodes
+                self._run_bytes, self._run_open = self.retained_bytes, True
                 return
         if not force and self.seq % self._timeline_stride:
             return
-        timeline.append(sample)
+        self._flush_run()
+        timeline.append(TimelineSample(self.seq, self.live_nodes, self.retained_bytes, what, line))
         if len(timeline) >= self.max_timeline:
             self._thin_timeline()
 
     def _thin_timeline(self) -> None:
         """Halve the timeline's resolution, keeping every backward marker (bounded memory)."""
-        kept = [s for i, s in enumerate(self.timeline) if i % 2 == 0 or "backward" in s.what]
-        self.timeline[:] = kept
+        self._flush_run()
+        kept = [s for i, s in enumerate(self._timeline) if i % 2 == 0 or "backward" in s.what]
+        self._timeline[:] = kept
         self._timeline_stride *= 2

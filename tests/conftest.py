@@ -14,6 +14,7 @@ def _installed() -> tuple:
         len(_get_current_function_mode_stack()),
         torch._C._autograd._top_saved_tensors_default_hooks(False),
         torch.from_numpy,
+        torch.autograd.graph.saved_tensors_hooks.__enter__,
     )
 
 
