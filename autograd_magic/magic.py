@@ -1,0 +1,168 @@
+"""The `%%trackgraph` cell magic: options, running the cell under the recorder, display.
+
+Thin by design: the recorder records, `report`/`panel` render; this module decides what is shown
+and makes a failing cell fail exactly like a normal one, after showing what was recorded.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from types import CodeType, TracebackType
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
+
+import autograd_magic
+from autograd_magic.plots import DEFAULT_MAX_NODES
+from autograd_magic.recorder import track
+from autograd_magic.report import render_text
+from autograd_magic.trace import Trace
+
+DEFAULT_REFRESH_S = 1.0
+
+
+@magics_class
+class TrackGraphMagics(Magics):
+    """Holds `%%trackgraph`; registered by `%load_ext autograd_magic`."""
+
+    @magic_arguments()
+    @argument("-o", "--out", metavar="NAME", help="Store the Trace in the variable NAME.")
+    @argument(
+        "--max-nodes",
+        type=int,
+        default=DEFAULT_MAX_NODES,
+        metavar="N",
+        help=f"Draw at most N graph boxes; larger graphs are merged (default {DEFAULT_MAX_NODES}).",
+    )
+    @argument("--no-live", action="store_true", help="Render only when the cell has finished.")
+    @argument("--text", action="store_true", help="Print the text report instead of the panel.")
+    @argument(
+        "--refresh",
+        type=float,
+        default=DEFAULT_REFRESH_S,
+        metavar="SECONDS",
+        help=f"Seconds between live panel updates (default {DEFAULT_REFRESH_S}).",
+    )
+    @cell_magic
+    def trackgraph(self, line: str, cell: str) -> Any:
+        """Run the cell under the autograd recorder and show what autograd did with memory.
+
+        The panel shows live/peak autograd nodes and retained saved tensors, findings with their
+        lines, a timeline, the graph, saved tensors, shared storage and in-place writes. Line 1
+        is the first line after `%%trackgraph`. The last trace is `autograd_magic.last_trace()`.
+        """
+        __tracebackhide__ = True  # the user's traceback starts in their cell
+        args = _parse(self.trackgraph, line)
+        body, last = _compile_cell(self.shell, cell)
+        trace = Trace()
+        panel, handle = None, None
+        if not (args.no_live or args.text) and _widget_frontend(self.shell):
+            panel = _new_panel(trace, args.max_nodes, args.refresh)
+            handle = display(panel, display_id=True)
+        value, error = None, None
+        try:
+            with track(trace=trace, home_code=body, namespace=self.shell.user_ns):
+                exec(body, self.shell.user_ns)
+                if last is not None:
+                    value = eval(last, self.shell.user_ns)
+        except BaseException as exc:  # shown in the panel, then re-raised unchanged below
+            error = exc
+        finally:
+            trace.listen(None)
+        autograd_magic._last_trace = trace
+        if args.out:
+            self.shell.user_ns[args.out] = trace
+        _show(trace, panel, handle, args, error)
+        if error is not None:
+            raise error.with_traceback(_from_cell(error.__traceback__, (body, last)))
+        return value
+
+
+def _parse(magic: Any, line: str) -> Any:
+    """Parsed options, or a UsageError carrying the usage line (the cell is not run)."""
+    usage = "usage: " + " ".join(magic.parser.format_usage().replace("::", "").split())
+    try:
+        args = parse_argstring(magic, line)
+    except UsageError as exc:
+        raise UsageError(f"{exc}\n{usage}") from None
+    problem = None
+    if args.out is not None and not args.out.isidentifier():
+        problem = f"-o/--out needs a variable name, not {args.out!r}"
+    elif args.max_nodes < 1:
+        problem = f"--max-nodes must be at least 1, not {args.max_nodes}"
+    elif not args.refresh > 0:
+        problem = f"--refresh must be a positive number of seconds, not {args.refresh}"
+    if problem:
+        raise UsageError(f"{problem}\n{usage}")
+    return args
+
+
+def _compile_cell(shell: Any, cell: str) -> tuple[CodeType, CodeType | None]:
+    """The cell body compiled by IPython's compiler (tracebacks show its lines), and its last
+    expression compiled separately so its value can be displayed like a normal cell's."""
+    source = shell.transform_cell(cell)
+    filename = shell.compile.cache(source, shell.execution_count, raw_code=cell)
+    tree = shell.transform_ast(shell.compile.ast_parse(source, filename=filename))
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = shell.compile(ast.Expression(tree.body.pop().value), filename, "eval")
+    return shell.compile(tree, filename, "exec"), last
+
+
+def _widget_frontend(shell: Any) -> bool:
+    """True in a Jupyter kernel, where a widget can be displayed first and updated live."""
+    return getattr(shell, "kernel", None) is not None
+
+
+def _new_panel(trace: Trace, max_nodes: int, refresh_s: float | None = None) -> Any:
+    """A panel for `trace`; live (updating every `refresh_s`) when `refresh_s` is given."""
+    from autograd_magic import panel  # ipywidgets only when a panel is shown
+
+    if refresh_s is None:
+        return panel.TracePanel(trace, max_nodes=max_nodes)
+    return panel.live_panel(trace, refresh_s=refresh_s, max_nodes=max_nodes)
+
+
+def _show(trace: Trace, panel: Any, handle: Any, args: Any, error: BaseException | None) -> None:
+    """Display the finished trace; a rendering failure never hides the user's own error."""
+    try:
+        if args.text:
+            print(render_text(trace))
+        elif panel is not None:
+            panel.finish()
+            handle.update(panel)
+        else:
+            display(_new_panel(trace, args.max_nodes))
+    except Exception as exc:
+        if error is None:
+            raise
+        print(f"autograd_magic could not render the trace: {exc!r}", file=sys.stderr)
+
+
+def _from_cell(tb: TracebackType | None, codes: tuple[CodeType | None, ...]) -> Any:
+    """The traceback from the cell's own frame on (the magic's frames are not the user's)."""
+    start = tb
+    while start is not None and start.tb_frame.f_code not in codes:
+        start = start.tb_next
+    return tb if start is None else start
+
+
+# magic_arguments names the parser after the method ('%trackgraph'); this is a cell magic.
+TrackGraphMagics.trackgraph.parser.prog = "%trackgraph"  # the formatter adds a "%"
+TrackGraphMagics.trackgraph.__doc__ = TrackGraphMagics.trackgraph.parser.format_help()
+
+
+def load(ipython: Any) -> None:
+    """Register `%%trackgraph` on `ipython`."""
+    ipython.register_magics(TrackGraphMagics)
+
+
+def unload(ipython: Any) -> None:
+    """Remove `%%trackgraph` from `ipython` (IPython has no unregister call)."""
+    manager = ipython.magics_manager
+    manager.magics["cell"].pop("trackgraph", None)
+    manager.registry.pop(TrackGraphMagics.__name__, None)

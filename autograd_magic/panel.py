@@ -1,0 +1,308 @@
+"""`TracePanel`: the ipywidgets 8 view of one `Trace`, live while the cell runs, and its static
+HTML/text fallback for frontends without widgets. The only module that imports ipywidgets.
+
+The panel reads the trace's records only; it never holds a user tensor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import time
+from typing import Any
+
+import ipywidgets as widgets
+
+from autograd_magic.plots import (
+    DEFAULT_MAX_NODES,
+    GraphView,
+    figure_png,
+    graph_figure,
+    graph_view,
+    png_img_html,
+    timeline_figure,
+)
+from autograd_magic.report import (
+    Sentence,
+    Table,
+    backward_sentences,
+    buffer_table,
+    buffer_totals,
+    render_text,
+    sentences,
+    storage_table,
+    summary_items,
+    versions_table,
+)
+from autograd_magic.trace import Trace
+
+# JupyterLab theme variables keep the panel readable in light and dark themes; the fallbacks
+# serve static HTML outside JupyterLab.
+_TEXT = (
+    "color:var(--jp-ui-font-color1,#222);font-family:var(--jp-ui-font-family,sans-serif);"
+    "font-size:var(--jp-ui-font-size1,13px);line-height:1.45"
+)
+_MUTED = "color:var(--jp-ui-font-color2,#666)"
+_BORDER = "var(--jp-border-color2,#ccc)"
+_HEAD = "background:var(--jp-layout-color2,#f0f0f0)"
+_MARKS = {
+    "error": "border-left:4px solid var(--jp-error-color1,#d32f2f);padding-left:6px",
+    "blindspot": "border-left:4px solid var(--jp-warn-color1,#f57c00);padding-left:6px",
+    "finding": "border-left:4px solid var(--jp-brand-color1,#1976d2);padding-left:6px",
+    "note": "border-left:4px solid var(--jp-border-color1,#999);padding-left:6px",
+}
+_FLAG = "color:var(--jp-warn-color1,#e65100);font-weight:bold"
+_TAB_NAMES = ("Timeline", "Graph", "Buffers", "Storage", "Versions")
+
+
+class TracePanel:
+    """Summary, timeline, graph, buffers, storage and versions of a trace, as widgets.
+
+    Each section is an attribute whose `.value` holds what the reader sees, so tests (and
+    users) can read it: `status`, `summary`, `findings`, `timeline_image`, `calls`,
+    `graph_image`, `graph_note`, `node_select`, `node_details`, `buffers`, `storage`,
+    `versions`; `widget` is the whole panel.
+    """
+
+    def __init__(
+        self, trace: Trace, max_nodes: int = DEFAULT_MAX_NODES, live_budget: float = 0.05
+    ) -> None:
+        self.trace = trace
+        self.max_nodes = max_nodes
+        self.live_budget = live_budget
+        self.view: GraphView | None = None
+        self.live_renders = 0
+        self._timeline_png = b""
+        self._graph_png = b""
+        self._started = time.monotonic()
+        self._spent = 0.0
+        self._timeline_cost = 0.0
+        html_widget = widgets.HTML
+        self.status, self.summary, self.findings = html_widget(), html_widget(), html_widget()
+        self.timeline_image = widgets.Image(format="png", layout={"max_width": "100%"})
+        self.calls = html_widget()
+        self.graph_note = html_widget()
+        self.graph_image = widgets.Image(format="png", layout={"max_width": "100%"})
+        self.node_select = widgets.Dropdown(
+            options=[], value=None, description="Node:", layout={"width": "60%"}
+        )
+        self.node_details = html_widget()
+        self.buffers, self.storage, self.versions = html_widget(), html_widget(), html_widget()
+        self.tabs = widgets.Tab(
+            children=[
+                widgets.VBox([self.timeline_image, self.calls]),
+                widgets.VBox(
+                    [self.graph_note, self.graph_image, self.node_select, self.node_details]
+                ),
+                self.buffers,
+                self.storage,
+                self.versions,
+            ],
+            titles=_TAB_NAMES,
+        )
+        self.widget = widgets.VBox([self.status, self.summary, self.findings, self.tabs])
+        self.node_select.observe(self._on_select, names="value")
+        self._render(final=trace.finished, timeline=True)
+
+    # ----- updating ---------------------------------------------------------------------
+    def live_update(self, trace: Trace) -> None:
+        """Listener for `Trace.listen`: refresh the numbers, and the timeline when affordable.
+
+        All live work is kept to `live_budget` of the cell's run time so far (5%): a refresh
+        that would exceed it is skipped, and the timeline (tens of milliseconds to draw) is
+        redrawn only when its last cost still fits.
+        """
+        start = time.monotonic()
+        allowed = self.live_budget * (start - self._started)
+        if self._spent > allowed:
+            return
+        timeline = self._spent + self._timeline_cost <= allowed
+        self._render(final=False, timeline=timeline)
+        self.live_renders += 1
+        self._spent += time.monotonic() - start
+
+    def finish(self) -> None:
+        """Render every section from the finished (or failed) trace."""
+        self._render(final=True, timeline=True)
+
+    def _render(self, final: bool, timeline: bool) -> None:
+        trace = self.trace
+        found = sentences(trace)
+        changes: list[tuple[Any, str, Any]] = [
+            (self.status, "value", _status_html(trace)),
+            (self.summary, "value", _summary_html(trace)),
+            (self.findings, "value", _sentences_html(found, "Findings")),
+        ]
+        if timeline:
+            start = time.monotonic()
+            self._timeline_png = figure_png(timeline_figure(trace))
+            self._timeline_cost = time.monotonic() - start
+            changes.append((self.timeline_image, "value", self._timeline_png))
+            calls = _sentences_html(backward_sentences(trace), "Backward calls")
+            changes.append((self.calls, "value", calls))
+        if final:
+            changes.extend(self._final_changes())
+        self._apply(changes)
+
+    def _final_changes(self) -> list[tuple[Any, str, Any]]:
+        trace = self.trace
+        self.view = view = graph_view(trace, self.max_nodes)
+        self._graph_png = figure_png(graph_figure(view))
+        note = view.note or f"All {view.total_nodes:,} recorded nodes are shown."
+        options = [(box.label, i) for i, box in enumerate(view.boxes)]
+        tables = (buffer_totals(trace), buffer_table(trace))
+        counts = (
+            len(trace.backward_calls),
+            view.total_nodes,
+            len(trace.buffers),
+            len(trace.storage_groups()),
+            len(trace.version_bumps),
+        )
+        return [
+            (self.graph_image, "value", self._graph_png),
+            (self.graph_note, "value", _div(html.escape(note), _MUTED)),
+            (self.node_select, "options", options),
+            (self.buffers, "value", "".join(_table_html(t) for t in tables)),
+            (self.storage, "value", _table_html(storage_table(trace))),
+            (self.versions, "value", _table_html(versions_table(trace), flag_column=5)),
+            (
+                self.tabs,
+                "titles",
+                tuple(f"{n} ({c:,})" for n, c in zip(_TAB_NAMES, counts, strict=True)),
+            ),
+        ]
+
+    def _apply(self, changes: list[tuple[Any, str, Any]]) -> None:
+        """Set traits with one state message per widget (hold_sync batches each widget)."""
+        with contextlib.ExitStack() as stack:
+            for widget in {id(w): w for w, _, _ in changes}.values():
+                stack.enter_context(widget.hold_sync())
+            for widget, name, value in changes:
+                setattr(widget, name, value)
+
+    def _on_select(self, change: dict[str, Any]) -> None:
+        self.show_node(change["new"])
+
+    def show_node(self, index: int | None) -> None:
+        """Show one graph box's saved tensors, birth and death lines; ring it in the graph."""
+        view = self.view
+        if view is None or index is None or not 0 <= index < len(view.boxes):
+            self.node_details.value = ""
+            return
+        box = view.boxes[index]
+        records = [r for r in (self.trace.node(m) for m in box.members) if r is not None]
+        born = sorted({r.born_site.describe() for r in records})
+        freed = sorted({r.freed_site.describe() for r in records if r.freed_site is not None})
+        facts = [
+            f"<b>{html.escape(box.label)}</b>",
+            f"created at {html.escape(_join(born))}",
+            f"{box.alive:,} of {len(box.members):,} still alive"
+            + (f"; freed at {html.escape(_join(freed))}" if freed else ""),
+        ]
+        table = buffer_table(self.trace, set(box.members))
+        with self.graph_image.hold_sync(), self.node_details.hold_sync():
+            self.node_details.value = _div("<br>".join(facts)) + _table_html(table)
+            self._graph_png = figure_png(graph_figure(view, selected=index))
+            self.graph_image.value = self._graph_png
+
+    def close(self) -> None:
+        """Stop live updates and close the widgets (their views disappear)."""
+        self.trace.listen(None)
+        for widget in self._widgets():
+            widget.close()
+
+    def _widgets(self) -> list[Any]:
+        found, stack = [], [self.widget]
+        while stack:
+            widget = stack.pop()
+            found.append(widget)
+            stack.extend(getattr(widget, "children", ()))
+        return found
+
+    # ----- static fallback --------------------------------------------------------------
+    def static_html(self) -> str:
+        """The panel as one HTML document fragment, figures embedded as PNG."""
+        trace = self.trace
+        parts = [self.status.value, self.summary.value, self.findings.value]
+        if self._timeline_png:
+            parts.append(png_img_html(self._timeline_png, "memory timeline"))
+        parts.append(self.calls.value)
+        if self._graph_png:
+            parts += [self.graph_note.value, png_img_html(self._graph_png, "autograd graph")]
+        if trace.finished:
+            parts += [self.buffers.value, self.storage.value, self.versions.value]
+        return f'<div style="{_TEXT}">' + "".join(parts) + "</div>"
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        bundle = dict(self.widget._repr_mimebundle_() or {})
+        bundle["text/html"] = self.static_html()
+        bundle["text/plain"] = render_text(self.trace)
+        return bundle
+
+
+def live_panel(
+    trace: Trace, refresh_s: float = 1.0, max_nodes: int = DEFAULT_MAX_NODES
+) -> TracePanel:
+    """A panel for `trace` that updates itself while the trace records (every `refresh_s`)."""
+    panel = TracePanel(trace, max_nodes=max_nodes)
+    trace.listen(panel.live_update, refresh_s)
+    return panel
+
+
+def _join(items: list[str]) -> str:
+    return ", ".join(items[:20]) + (f" and {len(items) - 20} more" if len(items) > 20 else "")
+
+
+def _div(inner: str, style: str = "") -> str:
+    return f'<div style="{_TEXT};{style}">{inner}</div>'
+
+
+def _status_html(trace: Trace) -> str:
+    if trace.error:
+        line = "" if trace.error_site is None else f" ({html.escape(trace.error_site.describe())})"
+        text = f"Stopped by an error{line}: {html.escape(trace.error)}"
+        return _div(f"<b>autograd_magic</b> &mdash; {text}", _MARKS["error"])
+    if trace.finished:
+        return _div("<b>autograd_magic</b> &mdash; finished", _MARKS["note"])
+    last = trace.timeline[-1].line if trace.timeline else None
+    where = f", last event at line {last}" if last else ""
+    return _div(f"<b>autograd_magic</b> &mdash; running{where}&hellip;", _MARKS["finding"])
+
+
+def _summary_html(trace: Trace) -> str:
+    cells = "".join(
+        f'<div style="padding:2px 14px 2px 0"><span style="{_MUTED}">{html.escape(label)}</span>'
+        f"<br><b>{html.escape(value)}</b></div>"
+        for label, value in summary_items(trace)
+    )
+    return _div(cells, "display:flex;flex-wrap:wrap;margin:4px 0")
+
+
+def _sentences_html(items: list[Sentence], title: str) -> str:
+    if not items:
+        return ""
+    rows = "".join(
+        f'<li style="list-style:none;margin:3px 0;{_MARKS[s.kind]}">{html.escape(s.text)}</li>'
+        for s in items
+    )
+    return _div(f"<b>{html.escape(title)}</b><ul style='padding-left:0;margin:2px 0'>{rows}</ul>")
+
+
+def _table_html(table: Table, flag_column: int | None = None) -> str:
+    """A bordered HTML table; rows with a non-empty `flag_column` are flagged."""
+    if not table.rows:
+        return _div(f"<b>{html.escape(table.title)}</b>: none", "margin:6px 0")
+    cell = f"border:1px solid {_BORDER};padding:2px 6px;text-align:left"
+    head = "".join(f'<th style="{cell};{_HEAD}">{html.escape(h)}</th>' for h in table.headers)
+    body = []
+    for row in table.rows:
+        flagged = flag_column is not None and bool(row[flag_column])
+        style = f"{cell};{_FLAG}" if flagged else cell
+        body.append("<tr>" + "".join(f'<td style="{style}">{html.escape(c)}</td>' for c in row))
+    note = f'<div style="{_MUTED}">{html.escape(table.note)}</div>' if table.note else ""
+    return _div(
+        f"<b>{html.escape(table.title)}</b>"
+        f'<table style="border-collapse:collapse;margin:4px 0">'
+        f"<tr>{head}</tr>{''.join(body)}</table>{note}",
+        "margin:6px 0",
+    )

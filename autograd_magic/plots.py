@@ -1,0 +1,358 @@
+"""Matplotlib renderers of a `Trace`: the memory timeline and the layered autograd graph.
+
+Figures are built from `matplotlib.figure.Figure` directly, never through pyplot, so nothing is
+registered globally and a figure is freed with its last reference. The graph is laid out here
+(longest-path layering plus two barycenter sweeps: linear in nodes and edges), and collapsed
+into boxes of repeated structure above `max_nodes`, with a note saying what was merged.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import itertools
+import math
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+
+import networkx
+import numpy
+from matplotlib.colors import to_rgba
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter
+
+from autograd_magic.records import NodeRecord
+from autograd_magic.report import format_bytes
+from autograd_magic.trace import Trace
+
+ALIVE, FREED, LEAF = "#e8590c", "#adb5bd", "#2f9e44"
+NODES_COLOR, BYTES_COLOR, BACKWARD_COLOR, ERROR_COLOR = "#1c7ed6", "#e8590c", "#7048e8", "#e03131"
+LABEL_LIMIT = 60
+DEFAULT_MAX_NODES = 200
+STRUCTURE_DEPTH = 3
+_ACCUMULATE = "AccumulateGrad"
+
+
+@dataclass
+class Box:
+    """One drawn node: a single autograd node, or several merged ones (`members`, node ids)."""
+
+    name: str
+    where: str
+    members: list[int] = field(default_factory=list)
+    alive: int = 0
+    leaf: bool = True
+    saved_bytes: int = 0
+    layer: int = 0
+    x: float = 0.0
+
+    @property
+    def label(self) -> str:
+        """'MulBackward0 (line 4)' or 'MulBackward0 x100 (line 4)'."""
+        count = f" x{len(self.members)}" if len(self.members) > 1 else ""
+        return f"{self.name}{count} ({self.where})"
+
+
+@dataclass
+class GraphView:
+    """The graph as drawn: boxes, edges between box indices, and what was collapsed."""
+
+    boxes: list[Box]
+    edges: list[tuple[int, int]]
+    total_nodes: int
+    note: str = ""
+
+
+def graph_view(trace: Trace, max_nodes: int = DEFAULT_MAX_NODES) -> GraphView:
+    """Lay out `trace.graph()`; above `max_nodes` merge nodes, coarsest grouping last."""
+    graph = trace.graph()
+    layers = _layers(graph)
+    records = [n for n in trace.nodes if n.id in graph]
+    next_ids = {n: list(graph.succ[n]) for n in graph.nodes}
+    key_of, note = _collapse(records, next_ids, max(1, max_nodes))
+    index: dict[Hashable, int] = {}
+    boxes: list[Box] = []
+    member_layers: list[list[int]] = []
+    for record in records:
+        key = key_of(record)
+        at = index.get(key)
+        if at is None:
+            at = index[key] = len(boxes)
+            name = record.name if key[0] != "other" else "other lines"
+            boxes.append(Box(name, record.born_site.describe()))
+            member_layers.append([])
+        box = boxes[at]
+        box.members.append(record.id)
+        box.alive += record.alive
+        box.leaf = box.leaf and record.name == _ACCUMULATE
+        box.saved_bytes += graph.nodes[record.id]["saved_bytes"]
+        member_layers[at].append(layers[record.id])
+    box_of = {m: i for i, box in enumerate(boxes) for m in box.members}
+    for box, found in zip(boxes, member_layers, strict=True):
+        box.layer = sorted(found)[len(found) // 2]
+    edges = {(box_of[u], box_of[v]) for u, v in graph.edges if box_of[u] != box_of[v]}
+    view = GraphView(boxes, sorted(edges), len(records), note)
+    _order_layers(view)
+    return view
+
+
+def _layers(graph: networkx.DiGraph) -> dict[int, int]:
+    """Longest path down to a sink: leaves (inputs) get 0, the loss gets the largest layer."""
+    try:
+        order = list(networkx.topological_sort(graph))
+    except networkx.NetworkXUnfeasible:  # autograd graphs are acyclic; stay drawable anyway
+        order = list(graph.nodes)
+    layer: dict[int, int] = {}
+    succ = graph.succ
+    for node in reversed(order):
+        layer[node] = 1 + max((layer.get(c, 0) for c in succ[node]), default=-1)
+    return layer
+
+
+def _collapse(
+    records: list[NodeRecord], next_ids: dict[int, list[int]], max_nodes: int
+) -> tuple[Callable[[NodeRecord], tuple], str]:
+    """The finest grouping that fits in `max_nodes` boxes, and a note saying what it merged."""
+    n = len(records)
+    if n <= max_nodes:
+        return (lambda r: ("node", r.id)), ""
+    shape = _structure(records, next_ids)
+    levels: list[tuple[str, Callable[[NodeRecord], tuple]]] = [
+        (
+            "repeated structure is merged: one box per node type, creating line and "
+            f"{STRUCTURE_DEPTH} levels of graph beneath it",
+            lambda r: ("shape", r.born_site, shape[r.id]),
+        ),
+        (
+            "nodes of the same type created on the same line are merged into one box",
+            lambda r: ("line-type", r.born_site, r.name),
+        ),
+        ("all nodes created on one line are merged into one box", lambda r: ("line", r.born_site)),
+    ]
+    for text, key in levels:
+        count = len({key(r) for r in records})
+        if count <= max_nodes:
+            return key, f"{n:,} nodes shown as {count:,} boxes: {text} (xN = nodes merged)."
+    sizes: dict[tuple, int] = {}
+    for record in records:
+        sizes[("line", record.born_site)] = sizes.get(("line", record.born_site), 0) + 1
+    kept = set(sorted(sizes, key=sizes.__getitem__, reverse=True)[: max_nodes - 1])
+    other = len(sizes) - len(kept)
+
+    def by_line(r: NodeRecord) -> tuple:
+        key = ("line", r.born_site)
+        return key if key in kept else ("other",)
+
+    note = (
+        f"{n:,} nodes shown as {len(kept) + 1:,} boxes: nodes are merged by the line that "
+        f"created them, and the {other:,} lines with the fewest nodes share the 'other lines' box."
+    )
+    return by_line, note
+
+
+def _structure(records: list[NodeRecord], next_ids: dict[int, list[int]]) -> dict[int, int]:
+    """A hash of each node's type, line and the graph `STRUCTURE_DEPTH` levels beneath it."""
+    base = {r.id: hash((r.name, r.born_site)) for r in records}
+    current = base
+    for _ in range(STRUCTURE_DEPTH):
+        current = {
+            node: hash((own, tuple(sorted(current[c] for c in next_ids[node]))))
+            for node, own in base.items()
+        }
+    return current
+
+
+def _order_layers(view: GraphView) -> None:
+    """Place boxes left to right in their layer: one sweep down, one sweep up (barycenters)."""
+    up: dict[int, list[int]] = {i: [] for i in range(len(view.boxes))}
+    down: dict[int, list[int]] = {i: [] for i in range(len(view.boxes))}
+    for a, b in view.edges:
+        up[a].append(b)
+        down[b].append(a)
+    layers: dict[int, list[int]] = {}
+    for i, box in enumerate(view.boxes):
+        layers.setdefault(box.layer, []).append(i)
+    boxes = view.boxes
+    for neighbours, order in ((up, sorted(layers)), (down, sorted(layers, reverse=True))):
+        for number in order:
+            row = layers[number]
+
+            def centre(i: int, row: list[int] = row, near: dict = neighbours) -> float:
+                xs = [boxes[j].x for j in near[i] if boxes[j].layer != boxes[i].layer]
+                return sum(xs) / len(xs) if xs else boxes[i].x
+
+            row.sort(key=centre)
+            start = -(len(row) - 1) / 2
+            for rank, i in enumerate(row):
+                boxes[i].x = start + rank
+
+
+def graph_figure(view: GraphView, selected: int | None = None, width: float = 9.0) -> Figure:
+    """The layered graph: leaves at the top, the loss at the bottom, size by saved bytes."""
+    boxes = view.boxes
+    depth = 1 + max((b.layer for b in boxes), default=0)
+    fig = Figure(figsize=(width, min(12.0, max(3.0, 0.9 + 0.5 * depth))), layout="constrained")
+    ax = fig.add_subplot()
+    ax.set_axis_off()
+    if not boxes:
+        ax.text(0.5, 0.5, "No autograd nodes recorded", ha="center", transform=ax.transAxes)
+        return fig
+    xs = [b.x for b in boxes]
+    ys = [-b.layer for b in boxes]
+    # One NaN-separated polyline for all edges: several times faster to draw than a
+    # LineCollection of 10,000 segments.
+    edge_x, edge_y = [], []
+    for a, b in view.edges:
+        edge_x += (xs[a], xs[b], math.nan)
+        edge_y += (ys[a], ys[b], math.nan)
+    many = len(view.edges) > 2000  # antialiasing thousands of overlapping edges is the slow part
+    ax.plot(edge_x, edge_y, color="#a5acb3", lw=0.6, zorder=1, antialiased=not many)
+    biggest = max(b.saved_bytes for b in boxes) or 1
+    sizes = [30 + 470 * math.sqrt(b.saved_bytes / biggest) for b in boxes]
+    rgba = {c: to_rgba(c) for c in (LEAF, ALIVE, FREED)}  # an array: names parse slowly
+    colours = numpy.array([rgba[LEAF if b.leaf else ALIVE if b.alive else FREED] for b in boxes])
+    ax.scatter(xs, ys, s=sizes, c=colours, edgecolors="#343a40", linewidths=0.4, zorder=2)
+    if selected is not None and 0 <= selected < len(boxes):
+        ax.scatter(
+            [xs[selected]],
+            [ys[selected]],
+            s=sizes[selected] + 250,
+            facecolors="none",
+            edgecolors=ERROR_COLOR,
+            linewidths=2.0,
+            zorder=3,
+        )
+    if len(boxes) <= LABEL_LIMIT:
+        for box, x, y in zip(boxes, xs, ys, strict=True):
+            ax.annotate(
+                _short_label(box),
+                (x, y),
+                xytext=(0, -9),
+                textcoords="offset points",
+                ha="center",
+                va="top",
+                fontsize=7,
+                zorder=4,
+            )
+    ax.margins(0.08, 0.15)
+    ax.autoscale_view()
+    handles = [
+        Line2D([], [], marker="o", ls="", color=c, label=t)
+        for c, t in ((ALIVE, "alive"), (FREED, "freed"), (LEAF, "leaf (AccumulateGrad)"))
+    ]
+    ax.legend(handles=handles, loc="upper right", fontsize=7, framealpha=0.8)
+    ax.set_title("inputs (leaves) at the top, the loss at the bottom; size = saved bytes", size=8)
+    return fig
+
+
+def _short_label(box: Box) -> str:
+    name = "leaf" if box.name == _ACCUMULATE else box.name.replace("Backward0", "")
+    name = name.replace("Backward1", "")
+    count = f" x{len(box.members)}" if len(box.members) > 1 else ""
+    line = box.where.replace("line ", "L").split(",")[0]
+    text = f"{name}{count} {line}"
+    return f"{text}\n{format_bytes(box.saved_bytes)}" if box.saved_bytes else text
+
+
+def timeline_figure(trace: Trace, width: float = 9.0, height: float = 3.2) -> Figure:
+    """Live nodes and retained bytes over recorded events; backward calls and big drops marked."""
+    fig = Figure(figsize=(width, height), layout="constrained")
+    ax = fig.add_subplot()
+    samples = list(trace.timeline)
+    if not samples:
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "Nothing recorded yet", ha="center", transform=ax.transAxes)
+        return fig
+    seqs = [s.seq for s in samples]
+    ax.step(seqs, [s.live_nodes for s in samples], where="post", color=NODES_COLOR, lw=1.4)
+    ax.set_ylabel("live autograd nodes", color=NODES_COLOR, fontsize=8)
+    ax.set_xlabel("recorded events, in order (labels give the cell line)", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax2 = ax.twinx()
+    retained = [s.retained_bytes for s in samples]
+    ax2.fill_between(seqs, retained, step="post", color=BYTES_COLOR, alpha=0.25, lw=0)
+    ax2.step(seqs, retained, where="post", color=BYTES_COLOR, lw=1.0)
+    ax2.set_ylabel("retained saved tensors", color=BYTES_COLOR, fontsize=8)
+    ax2.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_bytes(int(v))))
+    ax2.tick_params(labelsize=7)
+    ax.set_ylim(bottom=0)
+    ax2.set_ylim(bottom=0)
+    ax.set_zorder(ax2.get_zorder() + 1)  # the node line over the bytes fill
+    ax.patch.set_visible(False)
+    _mark_backward(ax, samples)
+    _mark_drops(ax, samples)
+    if trace.error:
+        line = samples[-1].line if trace.error_site is None else trace.error_site.line
+        ax.axvline(seqs[-1], color=ERROR_COLOR, ls="--", lw=1.2)
+        _vlabel(ax, seqs[-1], f"error L{line}", ERROR_COLOR)
+    return fig
+
+
+def _vlabel(ax: object, x: float, text: str, colour: str) -> None:
+    ax.annotate(  # type: ignore[attr-defined]
+        text,
+        (x, 1.0),
+        xycoords=("data", "axes fraction"),
+        xytext=(2, -2),
+        textcoords="offset points",
+        rotation=90,
+        va="top",
+        fontsize=7,
+        color=colour,
+    )
+
+
+def _mark_backward(ax: object, samples: list) -> None:
+    """Shade each backward call; label at most 12 of them, first occurrence of each line first."""
+    spans, start = [], None
+    for s in samples:
+        if s.what == "backward start":
+            start = s
+        elif s.what == "backward" and start is not None:
+            spans.append((start.seq, s.seq, s.line))
+            start = None
+    seen: set[int] = set()
+    labelled = 0
+    for first, last, line in spans:
+        ax.axvspan(first, max(last, first + 0.5), color=BACKWARD_COLOR, alpha=0.18, lw=0)  # type: ignore[attr-defined]
+        if labelled < 12 and (line not in seen or len(spans) <= 12):
+            _vlabel(ax, first, f"backward L{line}", BACKWARD_COLOR)
+            labelled += 1
+        seen.add(line)
+
+
+def _mark_drops(ax: object, samples: list) -> None:
+    """Mark the six largest falls in live nodes (graphs being freed) with their line."""
+    peak = max(s.live_nodes for s in samples) or 1
+    drops = []
+    for before, after in itertools.pairwise(samples):
+        fall = before.live_nodes - after.live_nodes
+        if fall >= max(1, 0.1 * peak):
+            drops.append((fall, after.seq, after.live_nodes, after.line))
+    for _, seq, live, line in sorted(drops, reverse=True)[:6]:
+        ax.plot([seq], [live], marker="v", color=NODES_COLOR, ms=6)  # type: ignore[attr-defined]
+        ax.annotate(  # type: ignore[attr-defined]
+            f"freed L{line}",
+            (seq, live),
+            xytext=(3, 6),
+            textcoords="offset points",
+            fontsize=7,
+            color=NODES_COLOR,
+        )
+
+
+def figure_png(fig: Figure, dpi: int = 100) -> bytes:
+    """The figure as PNG bytes (white background: readable in light and dark themes)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi, facecolor="white")
+    return buffer.getvalue()
+
+
+def png_img_html(png: bytes, alt: str) -> str:
+    """An <img> tag embedding `png` as base64, for static HTML."""
+    data = base64.b64encode(png).decode("ascii")
+    return (
+        f'<img alt="{html.escape(alt)}" style="max-width:100%" src="data:image/png;base64,{data}"/>'
+    )

@@ -1,0 +1,271 @@
+"""`%%trackgraph` in a real IPython shell: options, usage errors, failing cells, line numbers,
+`-o`, extension reload, and the live path through a fake comm."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import comm
+import pytest
+import torch
+from comm import DummyComm
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+
+import autograd_magic
+from autograd_magic import magic
+from autograd_magic.trace import Trace
+
+
+@pytest.fixture
+def shell():
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("colors", "nocolor")
+    ip.extension_manager.load_extension("autograd_magic")
+    ip.user_ns["torch"] = torch
+    yield ip
+    for name in ("ran", "tr", "a", "b", "c", "d", "e", "x", "y", "cell_end"):
+        ip.user_ns.pop(name, None)
+
+
+@pytest.fixture
+def panels(monkeypatch):
+    """Every panel the magic builds, so tests can read its widgets."""
+    made = []
+    real = magic._new_panel
+
+    def spy(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(magic, "_new_panel", spy)
+    return made
+
+
+def run(ip, cell: str):
+    with capture_output() as captured:
+        result = ip.run_cell(cell)
+    return result, captured
+
+
+RETAIN = """\
+a = torch.rand(1, 4, requires_grad=True)
+b = a ** 2
+c = (b * 2).exp()
+d = c.mean()
+e = c.sum()
+d.backward(retain_graph=True)
+e.backward()
+"""
+
+
+def test_text_option_prints_the_report_with_cell_lines(shell):
+    result, captured = run(shell, "%%trackgraph --text\n" + RETAIN)
+    assert result.success
+    assert captured.stdout.startswith("autograd_magic trace (finished)")
+    assert "Line 6: backward(retain_graph=True) released 0 saved tensors" in captured.stdout
+    assert "Line 7: backward() released 2 saved tensors (32 B)." in captured.stdout
+    assert captured.outputs == []  # no widget with --text
+
+
+def test_panel_is_displayed_with_numbers_and_static_fallback(shell, panels):
+    result, captured = run(shell, "%%trackgraph\n" + RETAIN)
+    assert result.success
+    (panel,) = panels
+    assert "Backward calls</span><br><b>2</b>" in panel.summary.value
+    assert "Line 6: backward(retain_graph=True)" in panel.calls.value
+    (shown,) = captured.outputs
+    assert "application/vnd.jupyter.widget-view+json" in shown.data
+    assert shown.data["text/plain"].startswith("autograd_magic trace (finished)")
+    assert shown.data["text/html"].count("data:image/png;base64,") == 2
+
+
+@pytest.mark.parametrize(
+    "options",
+    ["--bogus", "--max-nodes many", "--max-nodes 0", "--refresh -1", "-o 1x", "stray", "-o"],
+)
+def test_bad_options_are_usage_errors_and_the_cell_does_not_run(shell, options):
+    result, _ = run(shell, f"%%trackgraph {options}\nran = True\n")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "usage: %%trackgraph [-o NAME] [--max-nodes N]" in str(result.error_in_exec)
+    assert "ran" not in shell.user_ns
+
+
+def test_help_is_the_docstring(shell):
+    doc = shell.find_cell_magic("trackgraph").__doc__
+    assert "%%trackgraph [-o NAME] [--max-nodes N] [--no-live] [--text]" in doc
+    assert "--refresh SECONDS" in doc
+
+
+def test_out_stores_the_trace_and_last_trace_returns_it(shell):
+    result, _ = run(shell, "%%trackgraph -o tr --text\n" + RETAIN)
+    assert result.success
+    assert isinstance(shell.user_ns["tr"], Trace)
+    assert autograd_magic.last_trace() is shell.user_ns["tr"]
+    assert len(shell.user_ns["tr"].backward_calls) == 2
+
+
+def test_lines_are_cell_body_lines(shell):
+    cell = """%%trackgraph -o tr --text
+# line 1 is this comment
+
+a = torch.rand(3, requires_grad=True)
+b = a.exp()
+def f(t):
+    return t * 2
+c = f(b)
+c.sum().backward()
+"""
+    result, _ = run(shell, cell)
+    assert result.success
+    trace = shell.user_ns["tr"]
+    names = {n.name: n for n in trace.nodes}
+    assert names["ExpBackward0"].born_line == 4
+    assert names["MulBackward0"].born_site.describe() == "line 7, in f line 6"
+    assert names["SumBackward0"].born_line == 8
+    assert [b.saved_line for b in trace.buffers] == [4]
+    assert trace.backward_calls[0].line == 8
+
+
+def test_last_expression_is_the_cell_value(shell):
+    result, _ = run(
+        shell, "%%trackgraph --text\nx = torch.ones(2, requires_grad=True)\n(x * 3).sum()"
+    )
+    assert result.success
+    assert result.result.item() == 6.0
+    result, _ = run(shell, "%%trackgraph --text\ny = 1\n")
+    assert result.result is None
+
+
+FAILING = """\
+a = torch.rand(1, 4, requires_grad=True)
+e = (a * 2).exp().sum()
+e.backward()
+e.backward()
+ran = True
+"""
+
+
+def test_error_cell_keeps_the_panel_and_raises_once_into_the_cell(shell, panels):
+    result, captured = run(shell, "%%trackgraph -o tr\n" + FAILING)
+    assert isinstance(result.error_in_exec, RuntimeError)
+    assert "ran" not in shell.user_ns
+    assert captured.stdout.count("Traceback (most recent call last)") == 1
+    assert "----> 4 e.backward()" in captured.stdout  # the cell's own line 4
+    trace = shell.user_ns["tr"]
+    assert trace.error.startswith("RuntimeError: Trying to backward through the graph")
+    assert trace.error_site.line == 4
+    (panel,) = panels
+    assert "Stopped by an error (line 4)" in panel.status.value
+    assert "Line 4 raised RuntimeError" in panel.findings.value
+    assert "ExpBackward0#" in panel.buffers.value  # recorded up to the error
+    (shown,) = captured.outputs
+    assert "Line 4 raised RuntimeError" in shown.data["text/html"]
+
+
+def test_keyboard_interrupt_behaves_like_an_error(shell, panels):
+    cell = (
+        "%%trackgraph\nx = torch.ones(2, requires_grad=True)\ny = x * 2\nraise KeyboardInterrupt\n"
+    )
+    result, captured = run(shell, cell)
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert captured.stdout.count("KeyboardInterrupt") >= 1
+    (panel,) = panels
+    assert "Stopped by an error (line 3): KeyboardInterrupt" in panel.status.value
+    assert autograd_magic.last_trace().nodes_created == 2
+
+
+def test_syntax_error_does_not_run_anything(shell):
+    result, _ = run(shell, "%%trackgraph\nran = True\ndef (:\n")
+    assert isinstance(result.error_in_exec, SyntaxError)
+    assert "ran" not in shell.user_ns
+
+
+def test_unload_and_reload_extension(shell):
+    shell.run_line_magic("unload_ext", "autograd_magic")
+    result, _ = run(shell, "%%trackgraph\nran = True\n")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "ran" not in shell.user_ns
+    shell.run_line_magic("load_ext", "autograd_magic")
+    shell.run_line_magic("reload_ext", "autograd_magic")
+    result, captured = run(shell, "%%trackgraph --text\nran = True\n")
+    assert result.success and shell.user_ns["ran"] is True
+    assert "autograd_magic trace (finished)" in captured.stdout
+
+
+class FakeComm(DummyComm):
+    """Records every message a widget sends, with the time it was sent."""
+
+    sent: list = []
+
+    def publish_msg(self, msg_type, data=None, metadata=None, buffers=None, **keys):
+        FakeComm.sent.append((time.monotonic(), self.comm_id, msg_type, data))
+
+
+LONG = """\
+import time
+start = time.monotonic()
+x = torch.ones(8, requires_grad=True)
+while time.monotonic() - start < 1.0:
+    y = (x * 1.5).relu().sum()
+cell_end = time.monotonic()
+"""
+
+
+@pytest.fixture
+def widget_frontend(monkeypatch):
+    FakeComm.sent = []
+    monkeypatch.setattr(comm, "create_comm", FakeComm)
+    monkeypatch.setattr(magic, "_widget_frontend", lambda shell: True)
+    return FakeComm.sent
+
+
+def test_live_updates_go_out_mid_cell_within_the_throttle(shell, panels, widget_frontend):
+    refresh = 0.05
+    result, captured = run(shell, f"%%trackgraph --refresh {refresh}\n" + LONG)
+    assert result.success
+    (panel,) = panels
+    cell_end = shell.user_ns["cell_end"]
+    updates = [
+        (t, data["state"])
+        for t, comm_id, kind, data in widget_frontend
+        if kind == "comm_msg" and data["method"] == "update" and comm_id == panel.summary.model_id
+    ]
+    during = [(t, state) for t, state in updates if t < cell_end]
+    # GIVEN a 1 s cell and a 0.05 s refresh THEN several summary updates left mid-cell ...
+    assert len(during) >= 4
+    assert any("Nodes created" in s["value"] for _, s in during)
+    # ... each one state message per refresh, never closer together than the throttle.
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(during)]
+    assert min(gaps) >= refresh - 0.01
+    assert len(during) <= panel.live_renders + 1  # +1: the panel's first render, at creation
+    assert len(during) <= 1.0 / refresh + 2
+    # The display is shown once at the start and updated once at the end (static fallback).
+    first, last = captured.outputs
+    assert "running" in first.data["text/html"]
+    assert "finished" in last.data["text/html"]
+
+
+def test_live_panel_error_updates_the_same_display(shell, panels, widget_frontend):
+    result, captured = run(shell, "%%trackgraph --refresh 0.01\n" + FAILING)
+    assert isinstance(result.error_in_exec, RuntimeError)
+    (panel,) = panels
+    assert "Stopped by an error (line 4)" in panel.status.value
+    status_messages = [
+        data["state"]["value"]
+        for _, comm_id, kind, data in widget_frontend
+        if kind == "comm_msg" and comm_id == panel.status.model_id
+    ]
+    assert "Stopped by an error (line 4)" in status_messages[-1]
+    assert captured.stdout.count("Traceback (most recent call last)") == 1
+
+
+def test_no_live_renders_once_at_the_end(shell, panels, widget_frontend):
+    result, captured = run(shell, "%%trackgraph --no-live\n" + RETAIN)
+    assert result.success
+    (panel,) = panels
+    assert panel.live_renders == 0
+    (shown,) = captured.outputs
+    assert "finished" in shown.data["text/html"]

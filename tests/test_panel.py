@@ -1,0 +1,131 @@
+"""The widget panel: what each section's widget says, node selection, live budget, fallback."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import torch
+from test_report import handmade_trace
+
+import autograd_magic
+from autograd_magic.panel import TracePanel, live_panel
+from autograd_magic.report import render_text
+
+
+def test_summary_and_findings_read_like_the_report():
+    panel = TracePanel(handmade_trace(error=True))
+    assert "Stopped by an error (line 7): RuntimeError: boom." in panel.status.value
+    assert "3 now / 4 peak" in panel.summary.value
+    assert "4.0 KiB now / 4.0 KiB peak" in panel.summary.value
+    findings = panel.findings.value
+    assert "Line 7 raised RuntimeError: boom." in findings
+    assert "Line 4: `loss` keeps the graph built at line 4 alive." in findings
+    assert findings.index("Line 7 raised") < findings.index("Line 4:")
+    assert "--jp-error-color1" in findings  # the error line is highlighted
+    assert "Line 5: backward(retain_graph=True) released 1 saved tensors" in panel.calls.value
+
+
+def test_tables_and_tab_titles_after_finish():
+    panel = TracePanel(handmade_trace())
+    assert "SumBackward0#4" in panel.buffers.value
+    assert "released (line 5)" in panel.buffers.value
+    assert "Totals by state" in panel.buffers.value
+    assert "copy of h_view" in panel.storage.value
+    assert "detach" in panel.storage.value
+    assert "BYPASS through h" in panel.versions.value
+    assert "--jp-warn-color1" in panel.versions.value  # bypassing write flagged
+    assert panel.tabs.titles == (
+        "Timeline (1)",
+        "Graph (4)",
+        "Buffers (3)",
+        "Storage (1)",
+        "Versions (2)",
+    )
+    assert "All 4 recorded nodes are shown." in panel.graph_note.value
+    assert bytes(panel.graph_image.value).startswith(b"\x89PNG")
+    assert bytes(panel.timeline_image.value).startswith(b"\x89PNG")
+
+
+def test_choosing_a_node_shows_its_saved_tensors_and_lines():
+    panel = TracePanel(handmade_trace())
+    labels = [label for label, _ in panel.node_select.options]
+    assert labels[0] == "AccumulateGrad (line 2)"
+    before = panel.graph_image.value
+    panel.node_select.value = labels.index("ExpBackward0 (line 3)")
+    details = panel.node_details.value
+    assert "created at line 3" in details
+    assert "0 of 1 still alive; freed at line 6" in details
+    assert "ExpBackward0#3" in details and "2x3" in details
+    assert panel.graph_image.value != before  # ringed
+    panel.node_select.value = None
+    assert panel.node_details.value == ""
+
+
+def test_static_fallback_has_images_text_and_the_widget_view():
+    trace = handmade_trace()
+    panel = TracePanel(trace)
+    bundle = panel._repr_mimebundle_()
+    assert bundle["text/plain"] == render_text(trace)
+    assert bundle["text/html"].count("data:image/png;base64,") == 2
+    assert "3 now / 4 peak" in bundle["text/html"]
+    assert "--jp-ui-font-color1" in bundle["text/html"]
+    view = bundle["application/vnd.jupyter.widget-view+json"]
+    assert view["model_id"] == panel.widget.model_id
+
+
+def test_running_trace_shows_progress_and_fills_the_rest_at_finish():
+    trace = autograd_magic.Trace()
+    panel = TracePanel(trace)
+    assert "running" in panel.status.value
+    assert panel.buffers.value == ""
+    finished = handmade_trace()
+    panel.trace = finished
+    panel.finish()
+    assert "finished" in panel.status.value
+    assert "SumBackward0#4" in panel.buffers.value
+
+
+def test_live_updates_respect_the_time_budget():
+    trace = handmade_trace()
+    trace.finished = False
+    panel = TracePanel(trace, live_budget=0.0)
+    panel.live_update(trace)  # nothing spent yet: renders, timeline included
+    assert panel.live_renders == 1
+    timeline = panel.timeline_image.value
+    trace.live_nodes = 99
+    panel.live_update(trace)  # over the (zero) budget: skipped entirely
+    assert panel.live_renders == 1
+    assert "99 now" not in panel.summary.value
+    assert panel.timeline_image.value == timeline
+
+
+def test_live_panel_listens_while_recording_and_close_stops_it():
+    x = torch.ones(4, requires_grad=True)
+    with autograd_magic.track(namespace={}) as trace:
+        panel = live_panel(trace, refresh_s=0.0)
+        y = x
+        for _ in range(5):
+            y = y * 2
+        assert panel.live_renders >= 5
+        assert "5 now / 5 peak" in panel.summary.value or "6 now" in panel.summary.value
+        panel.close()
+        renders = panel.live_renders
+        y = y * 2
+    assert panel.live_renders == renders
+    assert panel.widget.comm is None
+
+
+def test_panel_keeps_no_user_tensor_alive():
+    namespace: dict = {}
+    with autograd_magic.track(namespace=namespace) as trace:
+        a = torch.rand(64, requires_grad=True)
+        b = (a * 2).exp()
+        loss = b.sum()
+    panel = TracePanel(trace)
+    panel.node_select.value = 0
+    refs = [weakref.ref(t) for t in (a, b, loss)]
+    del a, b, loss
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]
+    assert "ExpBackward0" in panel.buffers.value

@@ -1,0 +1,213 @@
+"""The text report and the reading model (sentences, tables) on hand-made traces."""
+
+from __future__ import annotations
+
+from autograd_magic.records import (
+    AliasLink,
+    BackwardCall,
+    Blindspot,
+    Finding,
+    NodeRecord,
+    SavedBuffer,
+    Site,
+    VersionBump,
+)
+from autograd_magic.report import (
+    MAX_TABLE_ROWS,
+    backward_sentences,
+    buffer_table,
+    buffer_totals,
+    format_bytes,
+    render_text,
+    sentences,
+    storage_table,
+    summary_items,
+    versions_table,
+)
+from autograd_magic.trace import TimelineSample, Trace
+
+
+def site(line: int) -> Site:
+    return Site("<cell>", line)
+
+
+def handmade_trace(error: bool = False) -> Trace:
+    """x (leaf, line 2) -> Mul (line 2) -> Exp (line 3) -> Sum (line 4); backward at line 5
+    with retain_graph released Exp's saved result; Exp freed at line 6; h_view shares h's
+    memory (detach), h_copy is a clone; h_view written in place at line 6 and through .data
+    (bypass) at line 7; optionally an error at line 7."""
+    trace = Trace()
+    trace.nodes = [
+        NodeRecord(1, "AccumulateGrad", 1, site(2)),
+        NodeRecord(2, "MulBackward0", 1, site(2), next_ids=(1,)),
+        NodeRecord(3, "ExpBackward0", 2, site(3), (2,), freed_seq=9, freed_site=site(6)),
+        NodeRecord(4, "SumBackward0", 3, site(4), next_ids=(3,)),
+    ]
+    trace._node_index = {n.id: n for n in trace.nodes}
+    trace.buffers = [
+        SavedBuffer(1, 2, (2, 3), "float32", "cpu", 24, 24, True, False, 0, 1, site(2)),
+        SavedBuffer(
+            2,
+            3,
+            (2, 3),
+            "float32",
+            "cpu",
+            24,
+            24,
+            False,
+            False,
+            0,
+            2,
+            site(3),
+            freed_seq=8,
+            freed_site=site(5),
+        ),
+        SavedBuffer(3, 4, (1024,), "float32", "cpu", 4096, 4096, False, False, 0, 3, site(4)),
+    ]
+    trace._buffer_index = {b.id: b for b in trace.buffers}
+    trace.backward_calls = [
+        BackwardCall("backward", 7, site(5), True, False, 8, 1, 24),
+    ]
+    trace.timeline = [
+        TimelineSample(1, 2, 0, "nodes created", 2),
+        TimelineSample(2, 3, 24, "nodes created", 3),
+        TimelineSample(3, 4, 4120, "nodes created", 4),
+        TimelineSample(7, 4, 4120, "backward start", 5),
+        TimelineSample(8, 4, 4096, "buffer released", 5),
+        TimelineSample(8, 4, 4096, "backward", 5),
+        TimelineSample(9, 3, 4096, "node freed", 6),
+    ]
+    trace.links = [
+        AliasLink(11, 10, "detach", True, 4, site(4)),
+        AliasLink(12, 11, "clone", False, 5, site(5)),
+    ]
+    trace.labels = {10: "h", 11: "h_view", 12: "h_copy"}
+    trace.version_bumps = [
+        VersionBump("h_view", "add_", 0, 1, 6, site(6), affected=("h",)),
+        VersionBump("h_view", "mul_", 1, 1, 7, site(7), bypass=True, bypassed="h"),
+    ]
+    trace.findings = [
+        Finding("kept-alive", "`loss` keeps the graph built at line 4 alive.", 4, (2, 3)),
+    ]
+    trace.blindspots = [Blindspot("compiled", "Code compiled with torch.compile ran.", 3)]
+    trace.live_nodes, trace.peak_live_nodes = 3, 4
+    trace.retained_bytes, trace.peak_retained_bytes = 4096, 4120
+    trace.nodes_created, trace.buffers_saved = 4, 3
+    trace.finished = True
+    if error:
+        trace.error = "RuntimeError: boom."
+        trace.error_site = site(7)
+    return trace
+
+
+def test_format_bytes_uses_binary_units():
+    assert format_bytes(0) == "0 B"
+    assert format_bytes(1023) == "1023 B"
+    assert format_bytes(1536) == "1.5 KiB"
+    assert format_bytes(12 * 2**20) == "12.0 MiB"
+    assert format_bytes(3 * 2**40) == "3072.0 GiB"
+
+
+def test_summary_gives_now_and_peak():
+    items = dict(summary_items(handmade_trace()))
+    assert items["Live autograd nodes"] == "3 now / 4 peak"
+    assert items["Retained saved tensors"] == "4.0 KiB now / 4.0 KiB peak"
+    assert items["Backward calls"] == "1"
+    assert items["Shared-storage groups"] == "1"
+    assert items["Version bumps (in-place writes)"] == "2"
+
+
+def test_sentences_put_the_error_first_then_findings_with_lines():
+    found = sentences(handmade_trace(error=True))
+    assert [s.kind for s in found] == ["error", "finding", "blindspot", "note"]
+    assert found[0].text.startswith("Line 7 raised RuntimeError: boom. Everything")
+    assert found[0].line == 7
+    assert found[1].text == (
+        "Line 4: `loss` keeps the graph built at line 4 alive. (see also lines 2, 3)"
+    )
+    assert "3 autograd nodes were still alive, holding 4.0 KiB" in found[-1].text
+
+
+def test_sentences_report_record_caps_instead_of_cutting_silently():
+    trace = handmade_trace()
+    trace.dropped_nodes, trace.dropped_buffers = 5, 7
+    text = " ".join(s.text for s in sentences(trace))
+    assert "5 nodes and 7 saved tensors are counted but not listed" in text
+
+
+def test_backward_sentences_name_flags_and_what_was_released():
+    (call,) = backward_sentences(handmade_trace())
+    assert call.text == (
+        "Line 5: backward(retain_graph=True) released 1 saved tensors (24 B); the graph was "
+        "kept for another backward."
+    )
+
+
+def test_failed_backward_is_an_error_sentence():
+    trace = handmade_trace()
+    trace.backward_calls[0].error_type = "RuntimeError"
+    trace.backward_calls[0].error = "second time"
+    (call,) = backward_sentences(trace)
+    assert call.kind == "error"
+    assert call.text.endswith("failed with RuntimeError: second time")
+
+
+def test_buffer_table_lists_held_first_with_lines_and_totals_by_state():
+    trace = handmade_trace()
+    table = buffer_table(trace)
+    assert [row[0] for row in table.rows] == [
+        "SumBackward0#4",
+        "MulBackward0#2",
+        "ExpBackward0#3",
+    ]
+    assert table.rows[2][-1] == "released (line 5)"
+    assert table.rows[1][6] == "leaf"
+    totals = {(r[0], r[1]): r[2:] for r in buffer_totals(trace).rows}
+    assert totals[("held", "activation")] == ("1", "4.0 KiB")
+    assert totals[("released", "activation")] == ("1", "24 B")
+    assert buffer_table(trace, {3}).rows[0][0] == "ExpBackward0#3"
+
+
+def test_buffer_table_says_when_rows_were_left_out():
+    trace = handmade_trace()
+    extra = trace.buffers[2]
+    trace.buffers = [extra] * (MAX_TABLE_ROWS + 3)
+    table = buffer_table(trace)
+    assert len(table.rows) == MAX_TABLE_ROWS
+    assert (
+        table.note == f"Showing the first {MAX_TABLE_ROWS} of {MAX_TABLE_ROWS + 3} saved tensors."
+    )
+
+
+def test_storage_and_version_tables():
+    trace = handmade_trace()
+    rows = storage_table(trace).rows
+    assert ("group 1", "h", "original", "shares memory") in rows
+    assert ("group 1", "h_view", "detach", "shares memory") in rows
+    assert ("group 1", "h_copy", "copy of h_view", "own memory (copy)") in rows
+    versions = versions_table(trace).rows
+    assert versions[0][:5] == ("h_view", "add_", "line 6", "0 -> 1", "h")
+    assert versions[0][5] == ""
+    assert versions[1][5].startswith("BYPASS through h: version unchanged")
+
+
+def test_render_text_has_every_section():
+    text = render_text(handmade_trace(error=True))
+    assert text.startswith("autograd_magic trace (error)")
+    for part in (
+        "Live autograd nodes: 3 now / 4 peak",
+        "Line 7 raised RuntimeError: boom.",
+        "Backward calls:\n  - Line 5: backward(retain_graph=True)",
+        "Totals by state:",
+        "SumBackward0#4",
+        "Storage groups:",
+        "Version bumps:",
+        "BYPASS through h",
+    ):
+        assert part in text, part
+
+
+def test_render_text_of_an_empty_running_trace():
+    text = render_text(Trace())
+    assert text.startswith("autograd_magic trace (running)")
+    assert "Saved tensors: none" in text
