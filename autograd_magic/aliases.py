@@ -104,6 +104,7 @@ class AliasTracker:
     # ----- in-place writes ---------------------------------------------------------------
     def run_inplace(self, func: Callable[..., Any], op: str, args: tuple, kwargs: dict) -> Any:
         """Run an op that may write in place and record each version bump it causes."""
+        __tracebackhide__ = True
         targets = _write_targets(args, kwargs)
         before = [t._version for t in targets]
         saved_before = self.trace.buffers_saved
@@ -144,6 +145,15 @@ class AliasTracker:
         if len(trace.version_bumps) < trace.max_records:
             trace.version_bumps.append(bump)
         trace._sample(f"in-place {op}", site)
+        self._rebase_numpy_watches(tensor)
+
+    def _rebase_numpy_watches(self, tensor: torch.Tensor) -> None:
+        """A torch write on memory a NumPy array shares is recorded already: not a NumPy write."""
+        for watch in self._numpy_watches:
+            watched = watch.tensor_ref()
+            array = watch.array_ref()
+            if watched is not None and array is not None and shares_memory(watched, tensor):
+                watch.digest, watch.version = _digest(array), watched._version
 
     def _live_sharers(self, uid: int) -> tuple[int, ...]:
         """Other live tensors/arrays that share memory with `uid` (transitively)."""
@@ -162,14 +172,18 @@ class AliasTracker:
         """Record NumPy writes (invisible to autograd) since the last check as bypassing bumps."""
         if not self._numpy_watches:
             return
-        kept = []
+        kept, noted = [], set()
         for watch in self._numpy_watches:
             array, tensor = watch.array_ref(), watch.tensor_ref()
             if array is None or tensor is None:
                 continue
             kept.append(watch)
             digest, version = _digest(array), tensor._version
-            if digest != watch.digest and version == watch.version:
+            # Several watches can cover one memory block (from_numpy, as_tensor, .numpy()):
+            # one write is one record.
+            memory = _address_range(array)
+            if digest != watch.digest and version == watch.version and memory not in noted:
+                noted.add(memory)
                 self._record_numpy_write(watch, tensor)
             watch.digest, watch.version = digest, version
         self._numpy_watches = kept

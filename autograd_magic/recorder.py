@@ -30,6 +30,7 @@ from autograd_magic.sites import SiteFinder, is_library_file
 from autograd_magic.trace import Trace
 
 _ACCUMULATE = "AccumulateGrad"
+_is_compiling = torch.compiler.is_compiling
 _HOOKS_CLASS = torch.autograd.graph.saved_tensors_hooks
 MAX_PATHS_PER_ROOT = 4
 _BACKWARD_SIGNATURES = {
@@ -63,6 +64,10 @@ class _RecorderMode(TorchFunctionMode):
         self.recorder = recorder
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if _is_compiling():
+            # torch.compile traces this method into its graph: give it a plain call (our
+            # bookkeeping is not traceable; tracing it breaks the graph and emits warnings).
+            return func(*args, **(kwargs or {}))
         return self.recorder._on_call(func, args, kwargs or {})
 
 
@@ -162,6 +167,7 @@ class Recorder:
 
     # ----- per-call path ----------------------------------------------------------------
     def _on_call(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        __tracebackhide__ = True
         entry = self._kinds.get(func)
         if entry is None:
             entry = self._kinds[func] = classify(func)
@@ -352,6 +358,7 @@ class Recorder:
 
     # ----- backward calls ---------------------------------------------------------------
     def _run_backward(self, func: Any, kind: OpKind, args: tuple, kwargs: dict) -> Any:
+        __tracebackhide__ = True
         trace = self.trace
         site = self._sites.here(2)
         bound = _BACKWARD_SIGNATURES[func].bind(*args, **kwargs)
@@ -473,16 +480,22 @@ def _current_sequence_nr() -> int:
 
 
 def _site_of_traceback(tb: TracebackType | None, sites: SiteFinder) -> Site | None:
-    """The innermost user frame in a traceback: where the block's exception came from."""
-    best = None
+    """The innermost user frame in a traceback (where the block's exception came from), with the
+    traced code's own line as `outer_line` when the error came from inside a user function."""
+    best, outer = None, None
     while tb is not None:
-        if not is_library_file(tb.tb_frame.f_code.co_filename):
-            best = (tb.tb_frame.f_code, tb.tb_lineno)
+        code = tb.tb_frame.f_code
+        if code is sites.home_code:
+            outer = tb.tb_lineno
+        if not is_library_file(code.co_filename):
+            best = (code, tb.tb_lineno)
         tb = tb.tb_next
     if best is None:
         return None
     code, line = best
-    return Site(code.co_filename, line, code.co_name)
+    if code is sites.home_code:
+        outer = None
+    return Site(code.co_filename, line, code.co_name, outer)
 
 
 def track(**options: Any) -> Recorder:

@@ -69,6 +69,7 @@ class PackedSaved:
 
     def checked_tensor(self) -> torch.Tensor:
         """The saved value, raising PyTorch's own error if it was modified in place since saving."""
+        __tracebackhide__ = True
         current = self.tensor._version
         if current != self.version:
             raise RuntimeError(self._version_error(current))
