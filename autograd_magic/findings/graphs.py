@@ -1,110 +1,22 @@
-"""Findings: what the records mean for the user, as plain sentences naming variables and lines.
-
-Pure functions of a finished `Trace` (records only, no live objects), so they run the same on a
-trace loaded from JSON. Each kind is one small function; `analyze` runs them all.
-"""
+"""Findings about graph lifetime: kept-alive, graph-growth, retained-graph,
+backward-through-freed and unused-graph."""
 
 from __future__ import annotations
 
-import bisect
-import linecache
 from collections import Counter
-from collections.abc import Callable, Iterable
 
-from autograd_magic.records import Finding, NodeRecord, SavedBuffer, Site, VersionBump
+from autograd_magic.findings.common import (
+    ACCUMULATE,
+    FREED_TWICE,
+    RecordIndex,
+    cell_line,
+    format_bytes,
+    line_list,
+    quoted_source,
+    retained_bytes_of,
+)
+from autograd_magic.records import Finding, NodeRecord, Site
 from autograd_magic.trace import Trace
-
-KINDS = (
-    "kept-alive",
-    "graph-growth",
-    "retained-graph",
-    "backward-through-freed",
-    "inplace-on-saved",
-    "shared-write",
-    "data-bypass",
-    "unused-graph",
-)
-_ACCUMULATE = "AccumulateGrad"
-_FREED_TWICE = "backward through the graph a second time"
-_INPLACE_ERROR = (
-    "'one of the variables needed for gradient computation has been modified by an inplace "
-    "operation'"
-)
-
-
-def format_bytes(n: int) -> str:
-    """1536 -> '1.5 KiB'."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
-
-
-def cell_line(site: Site) -> int:
-    """The line in the traced code (the cell or script), even for events inside a forward."""
-    return site.outer_line if site.outer_line is not None else site.line
-
-
-def source_of(site: Site) -> str:
-    """The source text of a site's line, or '' when the file is not available."""
-    return linecache.getline(site.file, site.line).strip()
-
-
-def _quoted(site: Site) -> str:
-    text = source_of(site)
-    return f" (`{text}`)" if text else ""
-
-
-class _Graph:
-    """Indexes over the records that several findings share."""
-
-    def __init__(self, trace: Trace) -> None:
-        self.trace = trace
-        self.buffers_by_node: dict[int, list[SavedBuffer]] = {}
-        for buffer in trace.buffers:
-            if buffer.node_id is not None:
-                self.buffers_by_node.setdefault(buffer.node_id, []).append(buffer)
-        self.backward_seqs = [call.seq for call in trace.backward_calls]
-
-    def epoch(self, seq: int) -> int:
-        """How many backward calls started before `seq`: the training iteration it belongs to."""
-        return bisect.bisect_left(self.backward_seqs, seq)
-
-    def live_reach(self, roots: Iterable[int]) -> set[int]:
-        """Ids of live nodes reachable from `roots` through recorded edges."""
-        seen: set[int] = set()
-        stack = list(roots)
-        while stack:
-            node = self.trace.node(stack.pop())
-            if node is None or node.id in seen or not node.alive:
-                continue
-            seen.add(node.id)
-            stack.extend(node.next_ids)
-        return seen
-
-    def buffers_of(self, node_ids: Iterable[int], live: bool) -> list[SavedBuffer]:
-        return [
-            b for n in node_ids for b in self.buffers_by_node.get(n, ()) if not live or not b.freed
-        ]
-
-    def node(self, node_id: int) -> NodeRecord | None:
-        return self.trace.node(node_id)
-
-
-def retained_bytes_of(buffers: Iterable[SavedBuffer]) -> int:
-    """Bytes of the unique non-leaf storages among `buffers` (what freeing them gives back)."""
-    storages = {b.storage_key: b.storage_nbytes for b in buffers if not b.is_leaf}
-    return sum(storages.values())
-
-
-def _lines(lines: Iterable[int]) -> str:
-    ordered = sorted(set(lines))
-    if len(ordered) > 4:
-        ordered = [*ordered[:3], ordered[-1]]
-        return ", ".join(str(x) for x in ordered[:3]) + f", ... {ordered[-1]}"
-    return ", ".join(str(x) for x in ordered)
 
 
 # ----- kept-alive -------------------------------------------------------------------------
@@ -113,12 +25,12 @@ def _holder_group(path: str) -> str:
     return path.split("[", 1)[0] if "[" in path else path
 
 
-def kept_alive(trace: Trace, graph: _Graph) -> list[Finding]:
+def kept_alive(trace: Trace, graph: RecordIndex) -> list[Finding]:
     """User variables, container elements or attributes keeping graphs alive past their use."""
     groups: dict[str, list[NodeRecord]] = {}
     for holder in trace.holders:
         node = graph.node(holder.node_id)
-        if node is not None and node.alive and node.name != _ACCUMULATE:
+        if node is not None and node.alive and node.name != ACCUMULATE:
             groups.setdefault(_holder_group(holder.path), []).append(node)
     findings = []
     for path, roots in groups.items():
@@ -130,7 +42,7 @@ def kept_alive(trace: Trace, graph: _Graph) -> list[Finding]:
     return findings
 
 
-def _kept_alive_chain(path: str, root: NodeRecord, graph: _Graph) -> Finding | None:
+def _kept_alive_chain(path: str, root: NodeRecord, graph: RecordIndex) -> Finding | None:
     """A plain variable that adds each iteration's loss to itself (`total_loss += loss`)."""
     nodes = graph.live_reach([root.id])
     # Links made by an accumulator are never walked by a backward; a carried state's links are
@@ -139,7 +51,7 @@ def _kept_alive_chain(path: str, root: NodeRecord, graph: _Graph) -> Finding | N
         n
         for n in map(graph.node, nodes)
         if n is not None
-        and n.name != _ACCUMULATE
+        and n.name != ACCUMULATE
         and n.born_site == root.born_site
         and n.reached_by is None
     ]
@@ -149,7 +61,7 @@ def _kept_alive_chain(path: str, root: NodeRecord, graph: _Graph) -> Finding | N
     nbytes = retained_bytes_of(graph.buffers_of(nodes, live=True))
     line = cell_line(root.born_site)
     message = (
-        f"`{path}` keeps every iteration's graph alive: line {line}{_quoted(root.born_site)} "
+        f"`{path}` keeps every iteration's graph alive: line {line}{quoted_source(root.born_site)} "
         f"adds each new result to it, so {len(epochs)} iterations' graphs ({len(nodes)} nodes"
         f"{', ' + format_bytes(nbytes) + ' saved' if nbytes else ''}) are chained together and "
         f"never freed. Accumulate a number instead: `{path} += loss.item()` (or `loss.detach()`)."
@@ -157,10 +69,10 @@ def _kept_alive_chain(path: str, root: NodeRecord, graph: _Graph) -> Finding | N
     return Finding("kept-alive", message, line, (), path, nbytes)
 
 
-def _kept_alive_container(path: str, roots: list[NodeRecord], graph: _Graph) -> Finding | None:
+def _kept_alive_container(path: str, roots: list[NodeRecord], graph: RecordIndex) -> Finding | None:
     """Container elements or object attributes holding graphs after a backward used them."""
     nodes = graph.live_reach(n.id for n in roots)
-    if all(graph.node(i).name == _ACCUMULATE for i in nodes):
+    if all(graph.node(i).name == ACCUMULATE for i in nodes):
         return None
     used = any((n := graph.node(i)) is not None and n.reached_by is not None for i in nodes) or any(
         graph.epoch(r.born_seq) < len(graph.backward_seqs) for r in roots
@@ -178,7 +90,7 @@ def _kept_alive_container(path: str, roots: list[NodeRecord], graph: _Graph) -> 
     )
     message = (
         f"`{path}` holds {what} ({len(nodes)} nodes{saved}), computed at line {line}"
-        f"{_quoted(first.born_site)}; the graphs stay in memory as long as `{path}` does. "
+        f"{quoted_source(first.born_site)}; the graphs stay in memory as long as `{path}` does. "
         f"Keep `.item()` or `.detach()` of the value instead of the tensor itself."
     )
     related = tuple(sorted({cell_line(r.born_site) for r in roots} - {line}))
@@ -186,7 +98,7 @@ def _kept_alive_container(path: str, roots: list[NodeRecord], graph: _Graph) -> 
 
 
 # ----- graph-growth, retained-graph, backward-through-freed -----------------------------
-def graph_growth(trace: Trace, graph: _Graph) -> list[Finding]:
+def graph_growth(trace: Trace, graph: RecordIndex) -> list[Finding]:
     """Backward after backward walks nodes of earlier iterations, and the graph keeps growing."""
     calls = [c for c in trace.backward_calls if c.earlier_nodes > 0 and c.error is None]
     if len(calls) < 2 or calls[-1].graph_nodes <= calls[0].graph_nodes:
@@ -200,7 +112,7 @@ def graph_growth(trace: Trace, graph: _Graph) -> list[Finding]:
     retain = any(c.retain_graph for c in calls)
     message = (
         f"Each iteration's graph links to the previous one through `{holder}` (computed at line "
-        f"{line}{_quoted(site)}): the backward at line {cell_line(calls[-1].site)} walked "
+        f"{line}{quoted_source(site)}): the backward at line {cell_line(calls[-1].site)} walked "
         f"{calls[-1].earlier_nodes} nodes from earlier iterations, and the graph grew from "
         f"{calls[0].graph_nodes} to {calls[-1].graph_nodes} nodes over {len(calls) + 1} backward "
         f"calls. Detach the carried value once per iteration (`{holder} = {holder}.detach()` "
@@ -211,7 +123,7 @@ def graph_growth(trace: Trace, graph: _Graph) -> list[Finding]:
     return [Finding("graph-growth", message, line, related, holder, trace.peak_retained_bytes)]
 
 
-def _carried_sites(trace: Trace, graph: _Graph) -> Counter[Site]:
+def _carried_sites(trace: Trace, graph: RecordIndex) -> Counter[Site]:
     """Sites of values computed in one iteration and consumed in a later one."""
     carried: Counter[Site] = Counter()
     for node in trace.nodes:
@@ -220,7 +132,7 @@ def _carried_sites(trace: Trace, graph: _Graph) -> Counter[Site]:
             child = graph.node(child_id)
             if (
                 child is not None
-                and child.name != _ACCUMULATE
+                and child.name != ACCUMULATE
                 and not child.existed_before
                 and graph.epoch(child.born_seq) < epoch
             ):
@@ -228,7 +140,7 @@ def _carried_sites(trace: Trace, graph: _Graph) -> Counter[Site]:
     return carried
 
 
-def _holder_born_at(trace: Trace, graph: _Graph, site: Site) -> str | None:
+def _holder_born_at(trace: Trace, graph: RecordIndex, site: Site) -> str | None:
     for holder in trace.holders:
         node = graph.node(holder.node_id)
         if node is not None and node.born_site == site:
@@ -244,7 +156,7 @@ def _root_name(trace: Trace, root_ids: tuple[int, ...]) -> str | None:
     return None
 
 
-def retained_graph(trace: Trace, graph: _Graph) -> list[Finding]:
+def retained_graph(trace: Trace, graph: RecordIndex) -> list[Finding]:
     """`retain_graph=True` calls whose kept buffers no later backward released."""
     by_line: dict[int, list] = {}
     for call in trace.backward_calls:
@@ -261,9 +173,9 @@ def retained_graph(trace: Trace, graph: _Graph) -> list[Finding]:
         keeper = f" as long as `{holder}` is alive" if holder else " until the graph is dropped"
         message = (
             f"backward(retain_graph=True) at {calls[-1].site.describe()}{times}"
-            f"{_quoted(calls[-1].site)} kept "
+            f"{quoted_source(calls[-1].site)} kept "
             f"{format_bytes(nbytes)} of saved tensors ({len(kept)} buffers, saved at line "
-            f"{_lines(cell_line(b.saved_site) for b in kept)}) that no later backward released; "
+            f"{line_list(cell_line(b.saved_site) for b in kept)}) that no later backward released; "
             f"they stay in memory{keeper}. If you backpropagate once, drop retain_graph=True; "
             f"for several losses, sum them and call backward once."
         )
@@ -272,11 +184,11 @@ def retained_graph(trace: Trace, graph: _Graph) -> list[Finding]:
     return findings
 
 
-def backward_through_freed(trace: Trace, graph: _Graph) -> list[Finding]:
+def backward_through_freed(trace: Trace, graph: RecordIndex) -> list[Finding]:
     """A backward that needed buffers an earlier backward had already released."""
     findings = []
     for call in trace.backward_calls:
-        if call.error is None or _FREED_TWICE not in call.error:
+        if call.error is None or FREED_TWICE not in call.error:
             continue
         freed = [b for b in graph.buffers_of(call.reached, live=False) if b.freed]
         releasers = sorted(
@@ -294,13 +206,13 @@ def backward_through_freed(trace: Trace, graph: _Graph) -> list[Finding]:
 
 
 def _freed_twice_finding(
-    trace: Trace, graph: _Graph, call, releasers: list[int], built_sites: list[Site]
+    trace: Trace, graph: RecordIndex, call, releasers: list[int], built_sites: list[Site]
 ) -> Finding:
     name = _root_name(trace, call.root_ids)
     who = f"`{name}.backward()`" if name else "The backward"
     built_lines = sorted({cell_line(s) for s in built_sites})
-    built = f" saved at line {_lines(built_lines)}" if built_lines else ""
-    earlier = f"the backward at line {_lines(releasers)}" if releasers else "an earlier backward"
+    built = f" saved at line {line_list(built_lines)}" if built_lines else ""
+    earlier = f"the backward at line {line_list(releasers)}" if releasers else "an earlier backward"
     carried = [s for s in built_sites if _built_in_two_epochs(trace, graph, s)]
     if carried:
         fix = (
@@ -310,7 +222,7 @@ def _freed_twice_finding(
         )
     else:
         fix = (
-            f"Passing retain_graph=True at line {_lines(releasers) or '?'} would keep them (and "
+            f"Passing retain_graph=True at line {line_list(releasers) or '?'} would keep them (and "
             "their memory) until this call; the usual better fix is one backward over the sum, "
             "e.g. `(loss1 + loss2).backward()`."
         )
@@ -323,104 +235,18 @@ def _freed_twice_finding(
     return Finding("backward-through-freed", message, line, related, name, 0)
 
 
-def _built_in_two_epochs(trace: Trace, graph: _Graph, site: Site) -> bool:
+def _built_in_two_epochs(trace: Trace, graph: RecordIndex, site: Site) -> bool:
     epochs = {graph.epoch(n.born_seq) for n in trace.nodes if n.born_site == site}
     return len(epochs) > 1
 
 
-# ----- writes ----------------------------------------------------------------------------
-def _saved_description(graph: _Graph, bump: VersionBump) -> tuple[str, tuple[int, ...]]:
-    buffers = [b for b in map(graph.trace.buffer, bump.hit_buffers) if b is not None]
-    owners = sorted({n.name for b in buffers if b.node_id and (n := graph.node(b.node_id))})
-    lines = tuple(sorted({cell_line(b.saved_site) for b in buffers}))
-    who = " and ".join(owners) if owners else "autograd"
-    return f"{who} saved for backward at line {_lines(lines)}", lines
-
-
-def inplace_on_saved(trace: Trace, graph: _Graph) -> list[Finding]:
-    """In-place writes to a tensor a live graph saved: the next backward through it will fail."""
-    findings, seen = [], set()
-    for bump in trace.version_bumps:
-        key = (cell_line(bump.site), bump.label)
-        if not bump.hit_buffers or bump.bypass or key in seen:
-            continue
-        seen.add(key)
-        saved, lines = _saved_description(graph, bump)
-        optimizer = bump.op.startswith("_foreach") or "step(" in source_of(bump.site)
-        if optimizer:
-            fix = (
-                "The optimizer updated the weights while a retained graph still needs their old "
-                "values: run every backward before optimizer.step(), or redo the forward after it."
-            )
-        else:
-            fix = (
-                "Use the out-of-place form (`x = x + 1`, `torch.relu(x)` / inplace=False), or "
-                "`.clone()` the tensor before writing to it."
-            )
-        message = (
-            f"In-place `{bump.op}` on `{bump.label}` at line {key[0]}{_quoted(bump.site)} changed "
-            f"a tensor that {saved}; a backward through that graph will fail with "
-            f"{_INPLACE_ERROR}. {fix}"
-        )
-        findings.append(Finding("inplace-on-saved", message, key[0], lines, bump.label, 0))
-    return findings
-
-
-def shared_write(trace: Trace, graph: _Graph) -> list[Finding]:
-    """In-place writes that also change another live tensor or array sharing the memory."""
-    how = {}
-    for group in trace.storage_groups():
-        how.update(group.how)
-    findings, seen = [], set()
-    for bump in trace.version_bumps:
-        key = (cell_line(bump.site), bump.label)
-        if not bump.sharers or "#" in bump.label or key in seen:
-            continue
-        seen.add(key)
-        others = ", ".join(
-            f"`{s}`" + (f" ({how[s]})" if how.get(s, "original") != "original" else "")
-            for s in bump.sharers
-        )
-        message = (
-            f"In-place `{bump.op}` on `{bump.label}` at line {key[0]}{_quoted(bump.site)} also "
-            f"changed {others}: they share memory with `{bump.label}`. If the old values were "
-            f"meant to stay, copy first with `.clone()` (tensors) or `.copy()` (NumPy arrays)."
-        )
-        findings.append(Finding("shared-write", message, key[0], (), bump.label, 0))
-    return findings
-
-
-def data_bypass(trace: Trace, graph: _Graph) -> list[Finding]:
-    """Writes through `.data` or NumPy to memory autograd saved, invisible to its version check."""
-    findings = []
-    for bump in trace.version_bumps:
-        if not (bump.bypass and bump.hit_buffers):
-            continue
-        saved, lines = _saved_description(graph, bump)
-        line = cell_line(bump.site)
-        target = f"`{bump.bypassed}`" if bump.bypassed else "a tensor"
-        if bump.op == "numpy write":
-            how = f"NumPy array `{bump.label}` was written (seen at line {line})"
-        else:
-            written = f"{bump.bypassed}.data" if "#" in bump.label else bump.label
-            how = f"`{written}` was written at line {line}{_quoted(bump.site)} through `.data`"
-        message = (
-            f"{how}, changing {target} without bumping its version counter, after {saved}: "
-            f"backward will use the new values without any error, so gradients may be silently "
-            f"wrong. Make the change before the forward pass, or write under torch.no_grad() "
-            f"without `.data` so autograd's check can see it."
-        )
-        findings.append(Finding("data-bypass", message, line, lines, bump.bypassed or None, 0))
-    return findings
-
-
 # ----- unused-graph ----------------------------------------------------------------------
-def unused_graph(trace: Trace, graph: _Graph) -> list[Finding]:
+def unused_graph(trace: Trace, graph: RecordIndex) -> list[Finding]:
     """Graphs built with saved tensors that no backward ever used (e.g. inference with grad on)."""
     unused = {
         n.id: n
         for n in trace.nodes
-        if n.reached_by is None and not n.existed_before and n.name != _ACCUMULATE
+        if n.reached_by is None and not n.existed_before and n.name != ACCUMULATE
     }
     children = {c for n in unused.values() for c in n.next_ids}
     roots = [n for n in unused.values() if n.id not in children]
@@ -440,7 +266,7 @@ def unused_graph(trace: Trace, graph: _Graph) -> list[Finding]:
     return findings
 
 
-def _unused_bytes(graph: _Graph, root: NodeRecord, unused: dict[int, NodeRecord]) -> int:
+def _unused_bytes(graph: RecordIndex, root: NodeRecord, unused: dict[int, NodeRecord]) -> int:
     seen, stack = set(), [root.id]
     while stack:
         node_id = stack.pop()
@@ -457,7 +283,7 @@ def _unused_finding(
     site = roots[0].born_site
     if not trace.backward_calls:
         message = (
-            f"Line {line}{_quoted(site)} built {len(roots)} autograd graph"
+            f"Line {line}{quoted_source(site)} built {len(roots)} autograd graph"
             f"{'s' if len(roots) > 1 else ''} that no backward used, saving up to "
             f"{format_bytes(peak)} of tensors each for a backward that never came. For inference, "
             f"run it under `with torch.no_grad():` (or `torch.inference_mode()`); if you call "
@@ -471,30 +297,9 @@ def _unused_finding(
     )
     message = (
         f"{len(roots)} graph{'s' if len(roots) > 1 else ''} built at line {line}"
-        f"{_quoted(site)} never reached a backward; each was freed with its output{when}, "
+        f"{quoted_source(site)} never reached a backward; each was freed with its output{when}, "
         f"holding up to {format_bytes(peak)} of saved tensors until then. If you only need "
         f"those values, compute them under `torch.no_grad()`."
     )
     related = tuple(sorted(set(freed_at) - {line}))
     return Finding("unused-graph", message, line, related, None, peak)
-
-
-_ANALYSES: tuple[Callable[[Trace, _Graph], list[Finding]], ...] = (
-    kept_alive,
-    graph_growth,
-    retained_graph,
-    backward_through_freed,
-    inplace_on_saved,
-    shared_write,
-    data_bypass,
-    unused_graph,
-)
-
-
-def analyze(trace: Trace) -> list[Finding]:
-    """All findings for a finished trace, in the order of the lines they point at."""
-    graph = _Graph(trace)
-    findings = [f for analysis in _ANALYSES for f in analysis(trace, graph)]
-    growing = {f.holder for f in findings if f.kind == "graph-growth"}
-    findings = [f for f in findings if not (f.kind == "kept-alive" and f.holder in growing)]
-    return sorted(findings, key=lambda f: (f.line or 0, KINDS.index(f.kind)))

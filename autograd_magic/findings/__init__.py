@@ -1,0 +1,55 @@
+"""Findings: what the records mean for the user, as plain sentences naming variables and lines.
+
+Pure functions of a finished `Trace` (records only, no live objects), so they run the same on a
+trace loaded from JSON. Each kind is one small function; `analyze` runs them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from autograd_magic.findings.common import RecordIndex, cell_line, format_bytes, source_of
+from autograd_magic.findings.graphs import (
+    backward_through_freed,
+    graph_growth,
+    kept_alive,
+    retained_graph,
+    unused_graph,
+)
+from autograd_magic.findings.writes import data_bypass, inplace_on_saved, shared_write
+from autograd_magic.records import Finding
+from autograd_magic.trace import Trace
+
+KINDS = (
+    "kept-alive",
+    "graph-growth",
+    "retained-graph",
+    "backward-through-freed",
+    "inplace-on-saved",
+    "shared-write",
+    "data-bypass",
+    "unused-graph",
+)
+
+_ANALYSES: tuple[Callable[[Trace, RecordIndex], list[Finding]], ...] = (
+    kept_alive,
+    graph_growth,
+    retained_graph,
+    backward_through_freed,
+    inplace_on_saved,
+    shared_write,
+    data_bypass,
+    unused_graph,
+)
+
+
+def analyze(trace: Trace) -> list[Finding]:
+    """All findings for a finished trace, in the order of the lines they point at."""
+    graph = RecordIndex(trace)
+    findings = [f for analysis in _ANALYSES for f in analysis(trace, graph)]
+    growing = {f.holder for f in findings if f.kind == "graph-growth"}
+    findings = [f for f in findings if not (f.kind == "kept-alive" and f.holder in growing)]
+    return sorted(findings, key=lambda f: (f.line or 0, KINDS.index(f.kind)))
+
+
+__all__ = ["KINDS", "analyze", "cell_line", "format_bytes", "source_of"]

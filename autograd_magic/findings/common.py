@@ -1,0 +1,92 @@
+"""Shared pieces of the findings: byte formatting, cell lines, source text, record indexes."""
+
+from __future__ import annotations
+
+import bisect
+import linecache
+from collections.abc import Iterable
+
+from autograd_magic.records import NodeRecord, SavedBuffer, Site
+from autograd_magic.trace import Trace
+
+ACCUMULATE = "AccumulateGrad"
+FREED_TWICE = "backward through the graph a second time"
+INPLACE_ERROR = (
+    "'one of the variables needed for gradient computation has been modified by an inplace "
+    "operation'"
+)
+
+
+def format_bytes(n: int) -> str:
+    """1536 -> '1.5 KiB'."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def cell_line(site: Site) -> int:
+    """The line in the traced code (the cell or script), even for events inside a forward."""
+    return site.outer_line if site.outer_line is not None else site.line
+
+
+def source_of(site: Site) -> str:
+    """The source text of a site's line, or '' when the file is not available."""
+    return linecache.getline(site.file, site.line).strip()
+
+
+def quoted_source(site: Site) -> str:
+    text = source_of(site)
+    return f" (`{text}`)" if text else ""
+
+
+class RecordIndex:
+    """Indexes over the records that several findings share."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.buffers_by_node: dict[int, list[SavedBuffer]] = {}
+        for buffer in trace.buffers:
+            if buffer.node_id is not None:
+                self.buffers_by_node.setdefault(buffer.node_id, []).append(buffer)
+        self.backward_seqs = [call.seq for call in trace.backward_calls]
+
+    def epoch(self, seq: int) -> int:
+        """How many backward calls started before `seq`: the training iteration it belongs to."""
+        return bisect.bisect_left(self.backward_seqs, seq)
+
+    def live_reach(self, roots: Iterable[int]) -> set[int]:
+        """Ids of live nodes reachable from `roots` through recorded edges."""
+        seen: set[int] = set()
+        stack = list(roots)
+        while stack:
+            node = self.trace.node(stack.pop())
+            if node is None or node.id in seen or not node.alive:
+                continue
+            seen.add(node.id)
+            stack.extend(node.next_ids)
+        return seen
+
+    def buffers_of(self, node_ids: Iterable[int], live: bool) -> list[SavedBuffer]:
+        return [
+            b for n in node_ids for b in self.buffers_by_node.get(n, ()) if not live or not b.freed
+        ]
+
+    def node(self, node_id: int) -> NodeRecord | None:
+        return self.trace.node(node_id)
+
+
+def retained_bytes_of(buffers: Iterable[SavedBuffer]) -> int:
+    """Bytes of the unique non-leaf storages among `buffers` (what freeing them gives back)."""
+    storages = {b.storage_key: b.storage_nbytes for b in buffers if not b.is_leaf}
+    return sum(storages.values())
+
+
+def line_list(lines: Iterable[int]) -> str:
+    ordered = sorted(set(lines))
+    if len(ordered) > 4:
+        ordered = [*ordered[:3], ordered[-1]]
+        return ", ".join(str(x) for x in ordered[:3]) + f", ... {ordered[-1]}"
+    return ", ".join(str(x) for x in ordered)

@@ -1,0 +1,104 @@
+"""Findings about writes: inplace-on-saved, shared-write and data-bypass."""
+
+from __future__ import annotations
+
+from autograd_magic.findings.common import (
+    INPLACE_ERROR,
+    RecordIndex,
+    cell_line,
+    line_list,
+    quoted_source,
+    source_of,
+)
+from autograd_magic.records import Finding, VersionBump
+from autograd_magic.trace import Trace
+
+
+# ----- writes ----------------------------------------------------------------------------
+def _saved_description(graph: RecordIndex, bump: VersionBump) -> tuple[str, tuple[int, ...]]:
+    buffers = [b for b in map(graph.trace.buffer, bump.hit_buffers) if b is not None]
+    owners = sorted({n.name for b in buffers if b.node_id and (n := graph.node(b.node_id))})
+    lines = tuple(sorted({cell_line(b.saved_site) for b in buffers}))
+    who = " and ".join(owners) if owners else "autograd"
+    return f"{who} saved for backward at line {line_list(lines)}", lines
+
+
+def inplace_on_saved(trace: Trace, graph: RecordIndex) -> list[Finding]:
+    """In-place writes to a tensor a live graph saved: the next backward through it will fail."""
+    findings, seen = [], set()
+    for bump in trace.version_bumps:
+        key = (cell_line(bump.site), bump.label)
+        if not bump.hit_buffers or bump.bypass or key in seen:
+            continue
+        seen.add(key)
+        saved, lines = _saved_description(graph, bump)
+        optimizer = bump.op.startswith("_foreach") or "step(" in source_of(bump.site)
+        if optimizer:
+            fix = (
+                "The optimizer updated the weights while a retained graph still needs their old "
+                "values: run every backward before optimizer.step(), or redo the forward after it."
+            )
+        else:
+            fix = (
+                "Use the out-of-place form (`x = x + 1`, `torch.relu(x)` / inplace=False), or "
+                "`.clone()` the tensor before writing to it."
+            )
+        message = (
+            f"In-place `{bump.op}` on `{bump.label}` at line {key[0]}"
+            f"{quoted_source(bump.site)} changed a tensor that {saved}; a backward through that "
+            f"graph will fail with "
+            f"{INPLACE_ERROR}. {fix}"
+        )
+        findings.append(Finding("inplace-on-saved", message, key[0], lines, bump.label, 0))
+    return findings
+
+
+def shared_write(trace: Trace, graph: RecordIndex) -> list[Finding]:
+    """In-place writes that also change another live tensor or array sharing the memory."""
+    how = {}
+    for group in trace.storage_groups():
+        how.update(group.how)
+    findings, seen = [], set()
+    for bump in trace.version_bumps:
+        key = (cell_line(bump.site), bump.label)
+        if not bump.sharers or "#" in bump.label or key in seen:
+            continue
+        seen.add(key)
+        others = ", ".join(
+            f"`{s}`" + (f" ({how[s]})" if how.get(s, "original") != "original" else "")
+            for s in bump.sharers
+        )
+        message = (
+            f"In-place `{bump.op}` on `{bump.label}` at line {key[0]}"
+            f"{quoted_source(bump.site)} also changed {others}: they share memory with "
+            f"`{bump.label}`. If the old values were "
+            f"meant to stay, copy first with `.clone()` (tensors) or `.copy()` (NumPy arrays)."
+        )
+        findings.append(Finding("shared-write", message, key[0], (), bump.label, 0))
+    return findings
+
+
+def data_bypass(trace: Trace, graph: RecordIndex) -> list[Finding]:
+    """Writes through `.data` or NumPy to memory autograd saved, invisible to its version check."""
+    findings = []
+    for bump in trace.version_bumps:
+        if not (bump.bypass and bump.hit_buffers):
+            continue
+        saved, lines = _saved_description(graph, bump)
+        line = cell_line(bump.site)
+        target = f"`{bump.bypassed}`" if bump.bypassed else "a tensor"
+        if bump.op == "numpy write":
+            how = f"NumPy array `{bump.label}` was written (seen at line {line})"
+        else:
+            written = f"{bump.bypassed}.data" if "#" in bump.label else bump.label
+            how = (
+                f"`{written}` was written at line {line}{quoted_source(bump.site)} through `.data`"
+            )
+        message = (
+            f"{how}, changing {target} without bumping its version counter, after {saved}: "
+            f"backward will use the new values without any error, so gradients may be silently "
+            f"wrong. Make the change before the forward pass, or write under torch.no_grad() "
+            f"without `.data` so autograd's check can see it."
+        )
+        findings.append(Finding("data-bypass", message, line, lines, bump.bypassed or None, 0))
+    return findings
