@@ -1,0 +1,310 @@
+"""The recorder's records: nodes, saved buffers, counters, timeline and backward calls.
+
+Lines are checked against marker comments (`# L:name`) in this file, found by `line_of`.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import autograd_magic as am
+
+with open(__file__, encoding="utf-8") as _source:
+    _LINES = _source.read().splitlines()
+
+
+def line_of(marker: str) -> int:
+    """The 1-based line of this file that ends with the comment `# L:<marker>`."""
+    hits = [i for i, text in enumerate(_LINES, 1) if text.rstrip().endswith(f"# L:{marker}")]
+    assert len(hits) == 1, f"marker {marker!r} found {len(hits)} times"
+    return hits[0]
+
+
+def names(trace: am.Trace) -> list[str]:
+    return [n.name for n in trace.nodes]
+
+
+# ----- nodes ----------------------------------------------------------------------------------
+
+
+def test_each_node_is_recorded_with_its_name_and_birth_line(gc_disabled):
+    """GIVEN two ops on a leaf WHEN tracked THEN each node has its name and the line of its op."""
+    x = torch.randn(3, 4, requires_grad=True)
+    with am.track() as trace:
+        y = x.exp()  # L:exp
+        z = (y * 2).sum()  # L:sum
+
+    by_name = {n.name: n for n in trace.nodes}
+    assert sorted(by_name) == ["AccumulateGrad", "ExpBackward0", "MulBackward0", "SumBackward0"]
+    assert by_name["ExpBackward0"].born_line == line_of("exp")
+    assert by_name["MulBackward0"].born_line == line_of("sum")
+    assert by_name["SumBackward0"].born_line == line_of("sum")
+    assert all(n.alive and n.freed_line is None for n in trace.nodes)
+    assert trace.snapshot().live_nodes == 4
+    assert trace.snapshot().nodes_created == 4
+    del y, z
+
+
+def test_library_modules_show_their_inner_nodes(gc_disabled):
+    """GIVEN nn.Linear WHEN called tracked THEN its AddmmBackward0 and TBackward0 are recorded."""
+    layer = nn.Linear(4, 2)
+    x = torch.randn(5, 4)
+    with am.track() as trace:
+        out = layer(x)  # L:linear
+    assert {"AddmmBackward0", "TBackward0"} <= set(names(trace))
+    assert {n.born_line for n in trace.nodes} == {line_of("linear")}
+    assert out.grad_fn.name() == "AddmmBackward0"
+
+
+class _TwoLayer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return h.tanh()  # L:forward-tanh
+
+
+def test_a_user_modules_forward_gives_the_inner_and_outer_lines(gc_disabled):
+    """GIVEN a user nn.Module WHEN its forward runs tracked THEN nodes carry the line in forward
+    and the line of the test that called the model."""
+    model = _TwoLayer()
+    with am.track() as trace:
+        out = model(torch.randn(2, 3))  # L:call-model
+    tanh = next(n for n in trace.nodes if n.name == "TanhBackward0")
+    assert tanh.born_site.line == line_of("forward-tanh")
+    assert tanh.born_site.function == "forward"
+    assert tanh.born_site.outer_line == line_of("call-model")
+    assert tanh.born_site.describe() == (
+        f"line {line_of('call-model')}, in forward line {line_of('forward-tanh')}"
+    )
+    del out
+
+
+def test_rebinding_frees_the_previous_graph_at_that_line(gc_disabled):
+    """GIVEN a loop rebinding `out` WHEN the next sample's graph is bound THEN the previous
+    sample's nodes die at that line, and the last graph dies at `del`."""
+    x = torch.randn(8, requires_grad=True)
+    with am.track() as trace:
+        for i in range(3):
+            out = (x * float(i)).exp().sum()  # L:rebind
+        del out  # L:del
+    graphs = [n for n in trace.nodes if n.name != "AccumulateGrad"]
+    assert len(graphs) == 9
+    assert [n.freed_line for n in graphs[:6]] == [line_of("rebind")] * 6
+    assert [n.freed_line for n in graphs[6:]] == [line_of("del")] * 3
+    assert all(
+        later.born_seq < earlier.freed_seq
+        for earlier, later in zip(graphs[:6], graphs[3:], strict=True)
+    )
+
+
+def test_a_node_that_outlives_the_block_has_its_later_death_noted(gc_disabled):
+    """GIVEN a graph still alive when the block ends WHEN the user drops it later
+    THEN its nodes are marked freed, at the line that dropped it."""
+    x = torch.randn(3, requires_grad=True)
+    with am.track() as trace:
+        y = x.sin()
+    assert trace.nodes[0].alive and trace.snapshot().live_nodes == 2
+    del y  # L:late-del
+    sin = next(n for n in trace.nodes if n.name == "SinBackward0")
+    assert not sin.alive and sin.freed_line == line_of("late-del")
+    # x holds its AccumulateGrad weakly: it goes with the graph.
+    assert trace.snapshot().live_nodes == 0
+    assert [n.freed_line for n in trace.nodes] == [line_of("late-del")] * 2
+
+
+# ----- saved buffers --------------------------------------------------------------------------
+
+
+def test_saved_buffers_have_shape_dtype_bytes_and_leafness(gc_disabled):
+    """GIVEN exp (saves its output) and mul by a leaf WHEN tracked THEN each saved tensor is a
+    buffer with its owner, shape, dtype, bytes and whether it is a leaf."""
+    x = torch.randn(3, 4, requires_grad=True)
+    w = torch.randn(3, 4, dtype=torch.float32, requires_grad=True)
+    with am.track() as trace:
+        y = x.exp()  # L:buf-exp
+        z = y * w  # L:buf-mul
+    exp = next(n for n in trace.nodes if n.name == "ExpBackward0")
+    mul = next(n for n in trace.nodes if n.name == "MulBackward0")
+    (exp_buf,) = trace.buffers_of(exp.id)
+    assert (exp_buf.shape, exp_buf.dtype, exp_buf.device) == ((3, 4), "float32", "cpu")
+    assert exp_buf.nbytes == 48 and not exp_buf.is_leaf and exp_buf.saved_line == line_of("buf-exp")
+    mul_bufs = sorted(trace.buffers_of(mul.id), key=lambda b: b.is_leaf)
+    assert [b.is_leaf for b in mul_bufs] == [False, True]
+    assert all(b.saved_line == line_of("buf-mul") for b in mul_bufs)
+    assert not any(b.freed for b in trace.buffers)
+    del z, y
+
+
+def test_backward_releases_buffers_at_its_line_and_retain_graph_keeps_them(gc_disabled):
+    """GIVEN a graph WHEN backward runs with retain_graph THEN buffers stay; WHEN it runs again
+    without THEN every buffer is released at that backward's line."""
+    x = torch.randn(5, requires_grad=True)
+    with am.track() as trace:
+        loss = (x.exp() * x.sin()).sum()
+        loss.backward(retain_graph=True)  # L:retain
+        kept = [b.freed for b in trace.buffers]
+        loss.backward()  # L:release
+    assert kept and not any(kept)
+    assert all(b.freed and b.freed_line == line_of("release") for b in trace.buffers)
+    retain, release = trace.backward_calls
+    assert (retain.line, retain.retain_graph, retain.released_buffers) == (
+        line_of("retain"),
+        True,
+        0,
+    )
+    assert release.released_buffers == len(trace.buffers)
+    assert release.released_bytes == sum(b.nbytes for b in trace.buffers)
+
+
+def test_retained_bytes_counts_unique_non_leaf_storages_only(gc_disabled):
+    """GIVEN an MLP step WHEN the graph is alive THEN retained_bytes is the bytes of the non-leaf
+    saved storages (relu output and model output, each once), never inputs or parameters."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    x, target = torch.randn(32, 8), torch.randn(32, 1)
+    with am.track() as trace:
+        out = model(x)
+        loss = F.mse_loss(out, target)
+        during = trace.snapshot()
+        loss.backward()
+        after = trace.snapshot()
+    relu_out, model_out = 32 * 16 * 4, 32 * 1 * 4
+    assert during.retained_bytes == relu_out + model_out
+    assert after.retained_bytes == 0
+    assert after.peak_retained_bytes == relu_out + model_out
+    # The second addmm saves fc2.weight.t(), a view of a parameter: a leaf, not retained.
+    assert any(b.is_leaf and b.shape == (16, 1) for b in trace.buffers)
+
+
+def test_views_of_one_storage_are_counted_once(gc_disabled):
+    """GIVEN two saved slices of one intermediate WHEN tracked THEN its storage counts once."""
+    x = torch.randn(10, requires_grad=True)
+    with am.track() as trace:
+        h = x.exp()
+        y = (h[:5] * h[5:]).sum()
+    assert trace.snapshot().retained_bytes == 40  # h's storage; h[:5], h[5:] share it
+    del y, h
+    assert trace.snapshot().retained_bytes == 0
+
+
+# ----- counters and timeline --------------------------------------------------------------------
+
+
+def test_peaks_survive_the_graphs_death(gc_disabled):
+    """GIVEN a graph that is built then freed THEN live counters return to zero and peaks stay."""
+    x = torch.randn(4, requires_grad=True)
+    with am.track() as trace:
+        loss = x.exp().exp().sum()
+        loss.backward()
+        del loss
+    s = trace.snapshot()
+    assert s.live_nodes == 0 and s.retained_bytes == 0
+    assert s.peak_live_nodes == 4 and s.peak_retained_bytes == 32
+    assert s.nodes_created == 4 and s.buffers_saved == 2
+
+
+def test_timeline_shows_growth_and_the_backward_release(gc_disabled):
+    """GIVEN forward then backward WHEN reading the timeline THEN retained bytes rise on the
+    forward lines and fall to zero at the backward line, which is marked."""
+    x = torch.randn(4, requires_grad=True)
+    with am.track() as trace:
+        a = x.exp()  # L:tl-exp
+        loss = a.tanh().sum()  # L:tl-tanh
+        loss.backward()  # L:tl-bwd
+    lines = [s.line for s in trace.timeline]
+    assert lines.index(line_of("tl-exp")) < lines.index(line_of("tl-tanh"))
+    peak = max(s.retained_bytes for s in trace.timeline)
+    assert peak == 32  # exp and tanh each save a 16-byte output
+    marks = [s for s in trace.timeline if s.line == line_of("tl-bwd")]
+    assert marks[0].what == "backward start" and marks[-1].what == "backward"
+    assert marks[0].retained_bytes == 32 and marks[-1].retained_bytes == 0
+    seqs = [s.seq for s in trace.timeline]
+    assert seqs == sorted(seqs)
+
+
+# ----- backward calls -------------------------------------------------------------------------
+
+
+def test_backward_and_grad_calls_record_their_options(gc_disabled):
+    """GIVEN backward, grad with create_graph, and grad with retain_graph=False
+    THEN each call records its kind, line and graph options."""
+    x = torch.randn(3, requires_grad=True)
+    with am.track() as trace:
+        y = (x**3).sum()
+        (g,) = torch.autograd.grad(y, x, create_graph=True)  # L:grad-create
+        g.sum().backward(retain_graph=False)  # L:bwd-second
+    first, second = trace.backward_calls
+    assert (first.kind, first.line, first.create_graph, first.retain_graph) == (
+        "grad",
+        line_of("grad-create"),
+        True,
+        True,
+    )
+    assert (second.kind, second.line, second.create_graph, second.retain_graph) == (
+        "backward",
+        line_of("bwd-second"),
+        False,
+        False,
+    )
+    assert first.error is None and second.error is None
+    assert torch.equal(x.grad, 6 * x.detach())
+
+
+def test_a_failing_backward_is_recorded_then_reraised_unchanged(gc_disabled):
+    """GIVEN a second backward through a freed graph WHEN tracked THEN PyTorch's own error
+    reaches the user unchanged and the call records it."""
+    x = torch.randn(3, requires_grad=True)
+    loss = (x * x).sum()
+    loss.backward()
+    with pytest.raises(RuntimeError) as untracked:
+        loss.backward()
+    loss = (x * x).sum()
+    with am.track() as trace:
+        loss.backward()
+        with pytest.raises(RuntimeError) as tracked:
+            loss.backward()  # L:bwd-fail
+    assert str(tracked.value) == str(untracked.value)
+    call = trace.backward_calls[-1]
+    assert call.line == line_of("bwd-fail")
+    assert call.error == str(untracked.value) and call.error_type == "RuntimeError"
+    assert trace.error is None  # caught inside the block
+
+
+# ----- scale ----------------------------------------------------------------------------------
+
+
+def test_caps_bound_the_records_while_counters_stay_exact(gc_disabled):
+    """GIVEN a 50,000-op block with small caps WHEN it runs THEN the records stop at the caps,
+    the counters are exact, and the trace counts what it dropped (the report says so)."""
+    n = 25_000
+    x = torch.randn(4, requires_grad=True)
+    trace = am.Trace(max_records=1_000, max_timeline=200)
+    with am.track(trace=trace):
+        for _ in range(n):
+            out = x.exp().sum()  # two nodes and one saved buffer per iteration
+        del out
+    s = trace.snapshot()
+    assert s.nodes_created == 2 * n + 1  # + x's AccumulateGrad, kept alive across iterations
+    assert s.buffers_saved == n
+    assert s.live_nodes == 0 and s.retained_bytes == 0
+    assert s.peak_retained_bytes == 32  # the next graph is built before `out` lets the last go
+    assert len(trace.nodes) == 1_000 and trace.dropped_nodes == s.nodes_created - 1_000
+    assert len(trace.buffers) == 1_000 and trace.dropped_buffers == n - 1_000
+    assert len(trace.timeline) <= 200
+
+
+def test_records_hold_no_tensor(gc_disabled):
+    """GIVEN a finished trace THEN a tensor it recorded dies as soon as the user drops it."""
+    x = torch.randn(3, requires_grad=True)
+    with am.track() as trace:
+        y = x.exp()
+    ref = weakref.ref(y)
+    del y
+    assert ref() is None and trace.buffers[0].freed
