@@ -10,7 +10,6 @@ exact death times without holding a reference to any node.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import sys
 import threading
 import weakref
@@ -22,22 +21,18 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from autograd_magic.aliases import AliasTracker
+from autograd_magic.backward import run_backward
 from autograd_magic.naming import frame_namespace
 from autograd_magic.ops import OpKind, classify
-from autograd_magic.records import BackwardCall, Blindspot, Holder, SavedBuffer, Site
+from autograd_magic.records import Blindspot, Holder, SavedBuffer, Site
 from autograd_magic.saved import PackedSaved, probe_saved, storage_of
-from autograd_magic.sites import SiteFinder, is_library_file
+from autograd_magic.sites import SiteFinder, site_of_traceback
 from autograd_magic.trace import Trace
 
 _ACCUMULATE = "AccumulateGrad"
 _is_compiling = torch.compiler.is_compiling
 _HOOKS_CLASS = torch.autograd.graph.saved_tensors_hooks
 MAX_PATHS_PER_ROOT = 4
-_BACKWARD_SIGNATURES = {
-    torch.Tensor.backward: inspect.signature(torch.Tensor.backward),
-    torch.autograd.backward: inspect.signature(torch.autograd.backward),
-    torch.autograd.grad: inspect.signature(torch.autograd.grad),
-}
 _next_trace_number = 0
 
 
@@ -137,13 +132,23 @@ class Recorder:
                 self._mode.__exit__(None, None, None)
         finally:
             self._hooks.__exit__(None, None, None)
+            # The mode and hooks point back at this recorder: drop them so no cycle outlives
+            # the block (users may run with gc disabled).
+            self._mode = self._hooks = None
         if exc is not None:
             self.trace.error = f"{type(exc).__name__}: {exc}"
-            self.trace.error_site = _site_of_traceback(tb, self._sites)
+            self.trace.error_site = site_of_traceback(tb, self._sites)
         namespace = self._namespace
         if namespace is None:
             namespace = frame_namespace(sys._getframe(1))
-        self.finish(namespace)
+        try:
+            self.finish(namespace)
+        except Exception as error:  # never replace the user's exception or result
+            self.trace.blindspots.append(
+                Blindspot("internal", f"autograd_magic could not finish this trace: {error!r}")
+            )
+        finally:
+            self._namespace = None
         return False
 
     def finish(self, namespace: dict[str, Any]) -> None:
@@ -180,7 +185,7 @@ class Recorder:
         elif kind is OpKind.INPLACE or kind is OpKind.PLAIN:
             out = self.aliases.run_inplace(func, name, args, kwargs)
         elif kind is OpKind.BACKWARD or kind is OpKind.GRAD:
-            out = self._run_backward(func, kind, args, kwargs)
+            out = run_backward(self, func, kind, args, kwargs)
         else:
             out = func(*args, **kwargs)
             self.aliases.link(out, args[0] if args else kwargs.get("data"), name, kind)
@@ -356,72 +361,6 @@ class Recorder:
         finally:
             self._busy -= 1
 
-    # ----- backward calls ---------------------------------------------------------------
-    def _run_backward(self, func: Any, kind: OpKind, args: tuple, kwargs: dict) -> Any:
-        __tracebackhide__ = True
-        trace = self.trace
-        site = self._sites.here(2)
-        bound = _BACKWARD_SIGNATURES[func].bind(*args, **kwargs)
-        create_graph = bool(bound.arguments.get("create_graph", False))
-        retain_graph = bound.arguments.get("retain_graph")
-        retain_graph = create_graph if retain_graph is None else bool(retain_graph)
-        self.aliases.check_numpy_writes()
-        call = BackwardCall(
-            "grad" if kind is OpKind.GRAD else "backward",
-            trace._next_seq(),
-            site,
-            retain_graph,
-            create_graph,
-        )
-        trace.backward_calls.append(call)
-        reached: list[int] = []
-        # Bookkeeping must never stop the user's backward.
-        with contextlib.suppress(Exception):
-            reached = self._reach(call, _backward_roots(bound.arguments))
-        trace._active_backward = call
-        trace._sample("backward start", site, force=True)
-        try:
-            return func(*args, **kwargs)
-        except BaseException as exc:
-            call.error = str(exc)
-            call.error_type = type(exc).__name__
-            call.reached = tuple(reached)
-            raise
-        finally:
-            trace._active_backward = None
-            call.end_seq = trace._next_seq()
-            trace._sample("backward", site, force=True)
-
-    def _reach(self, call: BackwardCall, roots: list[torch.Tensor]) -> list[int]:
-        """Walk the recorded graph a backward call is about to traverse (records only, no nodes)."""
-        self._register_outputs(roots, len(self._unowned))
-        trace = self.trace
-        root_ids = []
-        for tensor in roots:
-            tag = None if tensor.grad_fn is None else tensor.grad_fn.metadata.get(self._key)
-            if tag is not None:
-                root_ids.append(tag.node_id)
-        call.root_ids = tuple(root_ids)
-        index = len(trace.backward_calls) - 1
-        previous = trace.backward_calls[-2].seq if index > 0 else 0
-        seen, stack = set(root_ids), list(root_ids)
-        while stack:
-            record = trace.node(stack.pop())
-            if record is None:
-                continue
-            if record.reached_by is None:
-                record.reached_by = index
-            if record.born_seq < previous and not record.existed_before:
-                call.earlier_nodes += 1
-            for child in record.next_ids:
-                if child not in seen:
-                    seen.add(child)
-                    stack.append(child)
-        call.graph_nodes = len(seen)
-        if call.retain_graph:
-            call.reached = tuple(seen)
-        return list(seen)
-
     # ----- from_numpy and blind spots ---------------------------------------------------
     def _from_numpy(self, array: Any) -> torch.Tensor:
         tensor = self._original_from_numpy(array)
@@ -462,40 +401,11 @@ _HOOKS_MESSAGE = (
 )
 
 
-def _backward_roots(arguments: dict[str, Any]) -> list[torch.Tensor]:
-    """The tensors a backward/grad call starts from."""
-    roots = arguments.get("self", arguments.get("tensors", arguments.get("outputs")))
-    if isinstance(roots, torch.Tensor):
-        return [roots]
-    if isinstance(roots, (list, tuple)):
-        return [t for t in roots if isinstance(t, torch.Tensor)]
-    return []
-
-
 def _current_sequence_nr() -> int:
     """The autograd sequence number the next node on this thread will get."""
     with torch.enable_grad():
         probe = torch.zeros((), requires_grad=True).mul(1)
         return probe.grad_fn._sequence_nr()
-
-
-def _site_of_traceback(tb: TracebackType | None, sites: SiteFinder) -> Site | None:
-    """The innermost user frame in a traceback (where the block's exception came from), with the
-    traced code's own line as `outer_line` when the error came from inside a user function."""
-    best, outer = None, None
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        if code is sites.home_code:
-            outer = tb.tb_lineno
-        if not is_library_file(code.co_filename):
-            best = (code, tb.tb_lineno)
-        tb = tb.tb_next
-    if best is None:
-        return None
-    code, line = best
-    if code is sites.home_code:
-        outer = None
-    return Site(code.co_filename, line, code.co_name, outer)
 
 
 def track(**options: Any) -> Recorder:

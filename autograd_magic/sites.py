@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
-from types import CodeType
+from types import CodeType, TracebackType
 
 import torch
 
@@ -83,3 +83,22 @@ class SiteFinder:
         if site is None:
             site = self._interned[key] = Site(key[0], key[2], key[1], outer)
         return site
+
+
+def site_of_traceback(tb: TracebackType | None, sites: SiteFinder) -> Site | None:
+    """The innermost user frame in a traceback (where the block's exception came from), with the
+    traced code's own line as `outer_line` when the error came from inside a user function."""
+    best, outer = None, None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code is sites.home_code:
+            outer = tb.tb_lineno
+        if not is_library_file(code.co_filename):
+            best = (code, tb.tb_lineno)
+        tb = tb.tb_next
+    if best is None:
+        return None
+    code, line = best
+    if code is sites.home_code:
+        outer = None
+    return Site(code.co_filename, line, code.co_name, outer)
