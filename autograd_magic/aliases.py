@@ -144,6 +144,8 @@ class AliasTracker:
         )
         if len(trace.version_bumps) < trace.max_records:
             trace.version_bumps.append(bump)
+        else:
+            trace.dropped_events += 1
         trace._sample(f"in-place {op}", site)
         self._rebase_numpy_watches(tensor)
 
@@ -234,6 +236,8 @@ class AliasTracker:
             trace.links.append(
                 AliasLink(item_uid, source_uid, how, shares, trace._next_seq(), site)
             )
+        else:
+            trace.dropped_events += 1
         if shares:
             self._shared_with.setdefault(item_uid, set()).add(source_uid)
             self._shared_with.setdefault(source_uid, set()).add(item_uid)

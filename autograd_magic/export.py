@@ -57,6 +57,7 @@ _SCALARS = (
     "max_timeline",
     "dropped_nodes",
     "dropped_buffers",
+    "dropped_events",
     "finished",
     "error",
     "seq",
@@ -127,7 +128,7 @@ def trace_from_json(text: str) -> Trace:
         )
     trace = Trace()
     for name in _SCALARS:
-        setattr(trace, name, document[name])
+        setattr(trace, name, document.get(name, getattr(trace, name)))
     if document.get("error_site"):
         trace.error_site = Site(**document["error_site"])
     for name, cls in _LISTS.items():

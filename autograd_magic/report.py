@@ -90,11 +90,12 @@ def sentences(trace: Trace) -> list[Sentence]:
         out.append(Sentence(text, finding.line, "finding"))
     for spot in trace.blindspots:
         out.append(Sentence(spot.message, spot.line, "blindspot"))
-    if trace.dropped_nodes or trace.dropped_buffers:
+    if trace.dropped_nodes or trace.dropped_buffers or trace.dropped_events:
         out.append(
             Sentence(
-                f"Record cap of {trace.max_records:,} reached: {trace.dropped_nodes:,} nodes and "
-                f"{trace.dropped_buffers:,} saved tensors are counted but not listed.",
+                f"Record cap of {trace.max_records:,} reached: {trace.dropped_nodes:,} nodes, "
+                f"{trace.dropped_buffers:,} saved tensors and {trace.dropped_events:,} in-place "
+                "writes or memory links are counted but not listed.",
                 None,
                 "blindspot",
             )

@@ -65,6 +65,7 @@ class Trace:
         self.max_timeline = max_timeline
         self.dropped_nodes = 0
         self.dropped_buffers = 0
+        self.dropped_events = 0  # version bumps and alias links beyond `max_records`
         self.finished = False
         self.error: str | None = None
         self.error_site: Site | None = None
