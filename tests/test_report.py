@@ -132,7 +132,7 @@ def test_sentences_report_record_caps_instead_of_cutting_silently():
     trace = handmade_trace()
     trace.dropped_nodes, trace.dropped_buffers = 5, 7
     text = " ".join(s.text for s in sentences(trace))
-    assert "5 nodes and 7 saved tensors are counted but not listed" in text
+    assert "5 nodes, 7 saved tensors and 0 in-place writes or memory links are counted" in text
 
 
 def test_backward_sentences_name_flags_and_what_was_released():
