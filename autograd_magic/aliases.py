@@ -259,7 +259,9 @@ class AliasTracker:
     ) -> None:
         """Replace op labels by the user's variable paths for objects still alive."""
         trace = self.trace
-        names, complete = find_names(namespace, self.registry.alive(), budget_s, also)
+        alive = self.registry.alive()
+        trace.alive_at_end = set(alive.values())
+        names, complete = find_names(namespace, alive, budget_s, also)
         for uid in list(trace.labels):
             trace.labels[uid] = names.get(uid, self.registry.op_labels.get(uid, trace.labels[uid]))
         if not complete:

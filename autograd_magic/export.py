@@ -99,6 +99,8 @@ def trace_to_json(trace: Trace) -> str:
     document["timeline"] = [list(s) for s in trace.timeline]
     document["labels"] = {str(k): v for k, v in trace.labels.items()}
     document["object_kinds"] = {str(k): v for k, v in trace.object_kinds.items()}
+    alive = trace.alive_at_end
+    document["alive_at_end"] = None if alive is None else sorted(alive)
     return json.dumps(document)
 
 
@@ -136,6 +138,8 @@ def trace_from_json(text: str) -> Trace:
     trace.timeline = [TimelineSample(*values) for values in document["timeline"]]
     trace.labels = {int(k): v for k, v in document["labels"].items()}
     trace.object_kinds = {int(k): v for k, v in document["object_kinds"].items()}
+    alive = document.get("alive_at_end")
+    trace.alive_at_end = None if alive is None else set(alive)
     trace._node_index = {n.id: n for n in trace.nodes}
     trace._buffer_index = {b.id: b for b in trace.buffers}
     return trace

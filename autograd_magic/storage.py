@@ -32,12 +32,14 @@ def storage_groups(trace: Trace) -> list[StorageGroup]:
         if not link.shares:
             parent.setdefault(link.source, link.source)
             root = find(link.source)
-            copies.setdefault(root, {})[trace.label(link.member)] = trace.label(link.source)
+            if _worth_showing(trace, link.member):
+                copies.setdefault(root, {})[trace.label(link.member)] = trace.label(link.source)
     members: dict[int, list[int]] = {}
     for uid in parent:
         members.setdefault(find(uid), []).append(uid)
     groups = []
-    for root, uids in sorted(members.items()):
+    for root, all_uids in sorted(members.items()):
+        uids = [u for u in all_uids if _worth_showing(trace, u)]
         if len(uids) < 2 and root not in copies:
             continue
         uids.sort()
@@ -45,3 +47,10 @@ def storage_groups(trace: Trace) -> list[StorageGroup]:
         group_how = {trace.label(u): how.get(u, "original") for u in uids}
         groups.append(StorageGroup(labels, group_how, copies.get(root, {})))
     return groups
+
+
+def _worth_showing(trace: Trace, uid: int) -> bool:
+    """Named members always; unnamed ones (`unsqueeze#3`) only if still alive at the end: the
+    temporaries of an expression like `data[i].unsqueeze(0)` would bury the groups users made."""
+    alive = trace.alive_at_end
+    return alive is None or uid in alive or "#" not in trace.label(uid)

@@ -61,6 +61,8 @@ class Trace:
         self.holders: list[Holder] = []
         self.labels: dict[int, str] = {}
         self.object_kinds: dict[int, str] = {}
+        # Ids of tracked tensors/arrays still alive when the block ended (None while running).
+        self.alive_at_end: set[int] | None = None
         self.max_records = max_records
         self.max_timeline = max_timeline
         self.dropped_nodes = 0
