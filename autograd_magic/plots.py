@@ -284,7 +284,11 @@ def timeline_figure(trace: Trace, width: float = 9.0, height: float = 3.2) -> Fi
     _mark_backward(ax, samples)
     _mark_drops(ax, samples)
     if trace.error:
-        line = samples[-1].line if trace.error_site is None else trace.error_site.line
+        line = (
+            samples[-1].line
+            if trace.error_site is None
+            else trace.error_site.outer_line or trace.error_site.line
+        )
         ax.axvline(seqs[-1], color=ERROR_COLOR, ls="--", lw=1.2)
         _vlabel(ax, seqs[-1], f"error L{line}", ERROR_COLOR)
     return fig

@@ -63,6 +63,7 @@ class _RecorderMode(TorchFunctionMode):
             # torch.compile traces this method into its graph: give it a plain call (our
             # bookkeeping is not traceable; tracing it breaks the graph and emits warnings).
             return func(*args, **(kwargs or {}))
+        __tracebackhide__ = True  # IPython leaves the recorder out of the user's traceback
         return self.recorder._on_call(func, args, kwargs or {})
 
 

@@ -120,10 +120,12 @@ def backward_sentences(trace: Trace) -> list[Sentence]:
     for call in trace.backward_calls:
         flags = (("retain_graph", call.retain_graph), ("create_graph", call.create_graph))
         shown = ", ".join(f"{name}=True" for name, on in flags if on)
-        head = f"Line {call.line}: {call.kind}({shown})"
+        where = call.site.describe()
+        line = call.site.outer_line or call.line
+        head = f"{where[0].upper()}{where[1:]}: {call.kind}({shown})"
         if call.error_type:
             text = f"{head} failed with {call.error_type}: {call.error}"
-            out.append(Sentence(text, call.line, "error"))
+            out.append(Sentence(text, line, "error"))
             continue
         text = (
             f"{head} released {call.released_buffers} saved tensors "
@@ -131,7 +133,7 @@ def backward_sentences(trace: Trace) -> list[Sentence]:
         )
         if call.retain_graph:
             text += "; the graph was kept for another backward"
-        out.append(Sentence(text + ".", call.line, "note"))
+        out.append(Sentence(text + ".", line, "note"))
     return out
 
 

@@ -273,7 +273,8 @@ class Trace:
         """Record the state after an event; a run of the same event on one line folds into one
         sample (kept as three ints until the run ends: no allocation per op)."""
         timeline = self._timeline
-        line = site.line
+        # The traced code's own line (the cell line), also for events inside a user's forward.
+        line = site.line if site.outer_line is None else site.outer_line
         if not force and timeline:
             last = timeline[-1]
             if last.what == what and last.line == line:
