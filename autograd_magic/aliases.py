@@ -241,7 +241,10 @@ class AliasTracker:
         if shares:
             self._shared_with.setdefault(item_uid, set()).add(source_uid)
             self._shared_with.setdefault(source_uid, set()).add(item_uid)
-        if shares and how not in VERSION_SHARING_HOWS:
+        # `.data` (tensor to tensor) gets its own version counter: writes through it bypass the
+        # source's. A from_numpy tensor has a normal counter; NumPy writes are watched below.
+        separate = isinstance(item, torch.Tensor) and isinstance(source, torch.Tensor)
+        if shares and separate and how not in VERSION_SHARING_HOWS:
             self._separate_counter[item_uid] = source_uid
         if shares and (_is_ndarray(item) or _is_ndarray(source)):
             array, tensor = (item, source) if _is_ndarray(item) else (source, item)

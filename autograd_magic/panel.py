@@ -164,7 +164,7 @@ class TracePanel:
             (self.node_select, "options", options),
             (self.buffers, "value", "".join(_table_html(t) for t in tables)),
             (self.storage, "value", _table_html(storage_table(trace))),
-            (self.versions, "value", _table_html(versions_table(trace), flag_column=5)),
+            (self.versions, "value", _table_html(versions_table(trace), flag_column=6)),
             (
                 self.tabs,
                 "titles",

@@ -219,10 +219,18 @@ def versions_table(trace: Trace) -> Table:
         else:
             flag = ""
         affected = ", ".join(bump.affected)
-        rows.append(
-            (bump.label, bump.op, where(bump.site), f"{bump.old} -> {bump.new}", affected, flag)
-        )
-    headers = ("tensor", "op", "where", "version", "saved tensors hit", "warning")
+        hit = str(len(bump.hit_buffers)) if bump.hit_buffers else ""
+        version = f"{bump.old} -> {bump.new}"
+        rows.append((bump.label, bump.op, where(bump.site), version, affected, hit, flag))
+    headers = (
+        "tensor",
+        "op",
+        "where",
+        "version",
+        "aliases bumped too",
+        "saved tensors hit",
+        "warning",
+    )
     return Table("Version bumps", headers, tuple(rows))
 
 
