@@ -160,15 +160,16 @@ class Trace:
         self._listened_at = time.monotonic()
 
     def _notify(self) -> None:
-        now = time.monotonic()
-        if now - self._listened_at < self._listen_interval:
+        if time.monotonic() - self._listened_at < self._listen_interval:
             return
-        self._listened_at = now
         listener = self._listener
         try:
             listener(self)
         except Exception:  # a broken view must not break the user's code
             self._listener = None
+        # Counted from the end of this update, so updates are at least `interval` apart however
+        # long one takes to send.
+        self._listened_at = time.monotonic()
 
     # ----- folding events (called by the recorder) ---------------------------------------
     def _next_seq(self) -> int:
