@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from autograd_magic.trace import Trace
 
 NUMPY_WATCH_MAX_BYTES = 16 * 2**20
+PRUNE_EVERY = 4096
 
 
 def _is_ndarray(obj: Any) -> bool:
@@ -70,6 +71,7 @@ class AliasTracker:
         self.registry = ObjectRegistry()
         self._separate_counter: dict[int, int] = {}  # alias uid -> source uid (.data, NumPy)
         self._live_saved: dict[int, dict[int, weakref.ref[PackedSaved]]] = {}
+        self._watched = 0
         self._numpy_watches: list[_NumpyWatch] = []
         self._shared_with: dict[int, set[int]] = {}  # uid -> uids linked by shared memory
 
@@ -77,16 +79,22 @@ class AliasTracker:
     def watch_saved(self, packed: PackedSaved) -> None:
         """Remember a live saved buffer by storage so in-place writes can be matched to it."""
         table = self._live_saved
-        key, buffer_id = packed.storage_key, packed.buffer_id
+        entries = table.get(packed.storage_key)
+        if entries is None:
+            entries = table[packed.storage_key] = {}
+        entries[packed.buffer_id] = weakref.ref(packed)
+        self._watched += 1
+        if self._watched % PRUNE_EVERY == 0:
+            self._prune_saved()
 
-        def forget(_ref: Any) -> None:
-            entries = table.get(key)
-            if entries is not None:
-                entries.pop(buffer_id, None)
-                if not entries:
-                    del table[key]
-
-        table.setdefault(key, {})[buffer_id] = weakref.ref(packed, forget)
+    def _prune_saved(self) -> None:
+        """Drop entries of released buffers in bulk (cheaper than a callback per buffer)."""
+        for key in list(self._live_saved):
+            entries = {i: r for i, r in self._live_saved[key].items() if r() is not None}
+            if entries:
+                self._live_saved[key] = entries
+            else:
+                del self._live_saved[key]
 
     def _saved_on(self, tensor: torch.Tensor, saved_before: int) -> tuple[list[int], list[int]]:
         """Live buffers saved before the write on `tensor`'s memory: (those whose version check

@@ -30,6 +30,10 @@ from autograd_magic.sites import SiteFinder, site_of_traceback
 from autograd_magic.trace import Trace
 
 _ACCUMULATE = "AccumulateGrad"
+# What each torch function does depends only on the function: classified once per process.
+_KINDS: dict[Any, tuple[OpKind, str]] = {}
+_TYPE_NAMES: dict[Any, str] = {}
+_SHAPES: dict[tuple[int, ...], tuple[int, ...]] = {}
 _is_compiling = torch.compiler.is_compiling
 _HOOKS_CLASS = torch.autograd.graph.saved_tensors_hooks
 MAX_PATHS_PER_ROOT = 4
@@ -86,8 +90,10 @@ class Recorder:
         self._namespace = namespace
         self._name_budget_s = name_budget_s
         self._sites = SiteFinder(home_code)
-        self._kinds: dict[Any, tuple[OpKind, str]] = {}
+        self._kinds = _KINDS
         self._busy = 0
+        self._in_call = False
+        self._call_site: Site | None = None
         self._next_node_id = 1
         self._next_buffer_id = 1
         self._unowned: list[int] = []
@@ -181,16 +187,21 @@ class Recorder:
         if self._busy:
             return func(*args, **kwargs)
         mark = len(self._unowned)
-        if kind is OpKind.PLAIN and "out" not in kwargs:
-            out = func(*args, **kwargs)
-        elif kind is OpKind.INPLACE or kind is OpKind.PLAIN:
-            out = self.aliases.run_inplace(func, name, args, kwargs)
-        elif kind is OpKind.BACKWARD or kind is OpKind.GRAD:
-            out = run_backward(self, func, kind, args, kwargs)
-        else:
-            out = func(*args, **kwargs)
-            self.aliases.link(out, args[0] if args else kwargs.get("data"), name, kind)
-        self._register_outputs(out, mark)
+        self._in_call = True
+        try:
+            if kind is OpKind.PLAIN and "out" not in kwargs:
+                out = func(*args, **kwargs)
+            elif kind is OpKind.INPLACE or kind is OpKind.PLAIN:
+                out = self.aliases.run_inplace(func, name, args, kwargs)
+            elif kind is OpKind.BACKWARD or kind is OpKind.GRAD:
+                out = run_backward(self, func, kind, args, kwargs)
+            else:
+                out = func(*args, **kwargs)
+                self.aliases.link(out, args[0] if args else kwargs.get("data"), name, kind)
+            self._register_outputs(out, mark)
+        finally:
+            self._in_call = False
+            self._call_site = None
         if self.trace._listener is not None:
             self._busy += 1
             try:
@@ -233,7 +244,7 @@ class Recorder:
         node_id = self._next_node_id
         self._next_node_id += 1
         node.metadata[key] = _NodeTag(self._trace_ref, node_id)
-        site = self._sites.here(3)
+        site = self._call_site or self._sites.here(3)
         trace = self.trace
         trace._next_seq()
         name = type(node).__name__
@@ -313,17 +324,23 @@ class Recorder:
             packed.storage_key, storage_nbytes = storage_of(tensor)
             trace = self.trace
             trace._next_seq()
-            site = self._sites.here(1)
+            site = self._call_site
+            if site is None:
+                site = self._sites.here(1)
+                # One stack walk per torch call, shared by the buffers it saves and its node.
+                if self._in_call:
+                    self._call_site = site
             buffer = SavedBuffer(
                 id=buffer_id,
                 node_id=None,
-                shape=tuple(tensor.shape),
-                dtype=str(tensor.dtype).replace("torch.", ""),
-                device=str(tensor.device),
+                shape=_interned_shape(tensor),
+                dtype=_type_name(tensor.dtype),
+                device=_type_name(tensor.device),
                 nbytes=packed.nbytes,
                 storage_nbytes=storage_nbytes,
                 is_leaf=packed.is_leaf,
-                is_parameter=isinstance(tensor, torch.nn.Parameter),
+                # The leaf test first: Parameter's isinstance check is slow.
+                is_parameter=packed.is_leaf and isinstance(tensor, torch.nn.Parameter),
                 version=packed.version,
                 saved_seq=trace.seq,
                 saved_site=site,
@@ -400,6 +417,19 @@ _HOOKS_MESSAGE = (
     "Your own saved-tensor hooks (torch.utils.checkpoint, save_on_cpu, ...) were active at line "
     "{line}: tensors saved under them are handled by your hooks and not counted here."
 )
+
+
+def _type_name(value: Any) -> str:
+    """'float32', 'cpu', 'cuda:0': one shared string per dtype/device (records stay small)."""
+    name = _TYPE_NAMES.get(value)
+    if name is None:
+        name = _TYPE_NAMES[value] = str(value).replace("torch.", "")
+    return name
+
+
+def _interned_shape(tensor: torch.Tensor) -> tuple[int, ...]:
+    shape = tuple(tensor.shape)
+    return _SHAPES.setdefault(shape, shape) if len(_SHAPES) < 65_536 else shape
 
 
 def _current_sequence_nr() -> int:

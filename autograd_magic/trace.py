@@ -28,7 +28,7 @@ from autograd_magic.records import (
 if TYPE_CHECKING:
     import networkx
 
-DEFAULT_MAX_RECORDS = 200_000
+DEFAULT_MAX_RECORDS = 100_000
 DEFAULT_MAX_TIMELINE = 20_000
 
 
@@ -89,6 +89,8 @@ class Trace:
         self._listener: Callable[[Trace], None] | None = None
         self._listen_interval = 0.0
         self._listened_at = 0.0
+        self._calls_to_clock = 0
+        self._clock_stride = 32
 
     # ----- reading -------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
@@ -157,9 +159,15 @@ class Trace:
         """
         self._listener = callback
         self._listen_interval = interval_s
+        self._clock_stride = 32 if interval_s > 0 else 1
         self._listened_at = time.monotonic()
 
     def _notify(self) -> None:
+        # Reading the clock on every torch call costs more than the view: look every 32 calls.
+        self._calls_to_clock -= 1
+        if self._calls_to_clock > 0:
+            return
+        self._calls_to_clock = self._clock_stride
         if time.monotonic() - self._listened_at < self._listen_interval:
             return
         listener = self._listener
