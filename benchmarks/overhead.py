@@ -1,0 +1,68 @@
+"""Workloads 1-5: tracked and torch.profiler runs against untracked runs, interleaved."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+import autograd_magic
+from benchmarks.results import RATIO_TARGETS, Row, verdict
+from benchmarks.timing import interleave, ratios
+from benchmarks.workloads import Workload
+
+
+def _profiler(device: str) -> torch.profiler.profile:
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return torch.profiler.profile(
+        activities=activities, profile_memory=True, record_shapes=True, with_stack=True
+    )
+
+
+def variants(workload: Workload, steps: int) -> dict[str, Callable[[], None]]:
+    """The three ways to run `steps` steps: bare, each under its own `track()` block, each under
+    its own torch.profiler (one step per block, as a cell holding one step would be)."""
+    step = workload.step
+
+    def untracked() -> None:
+        for _ in range(steps):
+            step()
+
+    def tracked() -> None:
+        for _ in range(steps):
+            with autograd_magic.track():
+                step()
+
+    def profiled() -> None:
+        for _ in range(steps):
+            with _profiler(workload.device):
+                step()
+
+    return {"untracked": untracked, "tracked": tracked, "profiler": profiled}
+
+
+def measure(workload: Workload, rounds: int, warmup: int, steps: int = 1) -> Row:
+    """Interleave the variants; the row shows each ratio's median and spread."""
+    times = interleave(variants(workload, steps), rounds, warmup)
+    found = ratios(times, "untracked")
+    ours, peer = found["tracked"], found["profiler"]
+    base_ms = sorted(times["untracked"])[len(times["untracked"]) // 2] * 1e3 / steps
+    limit = RATIO_TARGETS[workload.key]
+    return Row(
+        key=workload.key,
+        workload=workload.title,
+        ours=ours.describe(),
+        peer=peer.describe(),
+        target=f"<= {limit:.2f}x",
+        verdict=verdict(ours.median <= limit),
+        details=[
+            f"{workload.details}; untracked median {base_ms:.2f} ms per step; "
+            f"{steps} step(s) per timed sample, each in its own tracked/profiled block",
+            f"tracked min-max {ours.low:.2f}-{ours.high:.2f}x; "
+            f"torch.profiler min-max {peer.low:.2f}-{peer.high:.2f}x",
+        ],
+        ratio=ours.median,
+        peer_ratio=peer.median,
+    )

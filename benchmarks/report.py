@@ -1,0 +1,151 @@
+"""Rendering results: the machine description, the console table and `BENCHMARKS.md`."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from benchmarks.results import MET, MISSED, PENDING, SKIPPED, Row
+from benchmarks.workloads import gpu_name
+
+COLUMNS = ("#", "workload", "autograd_magic (tracked / untracked)", "peer", "target", "verdict")
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo, else what `platform` knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def revision() -> str:
+    """The checkout's commit, marked when autograd_magic/ has uncommitted changes."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, text=True, check=False, timeout=10
+        )
+        return done.stdout.strip()
+
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--", "autograd_magic")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (commit or "unknown") + (" + uncommitted changes in autograd_magic/" if dirty else "")
+
+
+def machine() -> list[str]:
+    """Lines describing where and when the suite ran."""
+    gpu = gpu_name()
+    return [
+        f"CPU: {cpu_model()}, {os.cpu_count()} cores visible, "
+        f"torch threads {torch.get_num_threads()}",
+        f"GPU: {gpu or 'none'}",
+        f"torch {torch.__version__}, Python {platform.python_version()} "
+        f"({platform.python_implementation()}), {platform.system()} {platform.release()}",
+        f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+        f"autograd_magic at {revision()}",
+        f"command: {' '.join(['python -m benchmarks', *sys.argv[1:]])}",
+    ]
+
+
+def _cells(row: Row) -> tuple[str, ...]:
+    return (row.key, row.workload, row.ours, row.peer, row.target, row.verdict)
+
+
+def table_text(rows: list[Row]) -> str:
+    """A plain-text table, columns padded to their widest cell."""
+    cells = [COLUMNS, *(_cells(r) for r in rows)]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cell, widths, strict=True)) for cell in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def table_markdown(header: tuple[str, ...], body: list[tuple[str, ...]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |" for cells in body]
+    return "\n".join(lines)
+
+
+def _all_met(rows: list[Row]) -> str:
+    verdicts = {r.verdict for r in rows}
+    if not verdicts or verdicts <= {SKIPPED, PENDING}:
+        return " / ".join(sorted(verdicts)) or SKIPPED
+    return MISSED if MISSED in verdicts else MET
+
+
+def targets(rows: list[Row]) -> list[tuple[str, str, str]]:
+    """The issue's targets table with a verdict per line."""
+    by_key = {r.key: r for r in rows}
+
+    def pick(*keys: str) -> list[Row]:
+        return [by_key[k] for k in keys if k in by_key]
+
+    overhead = [r for r in rows if r.ratio is not None and r.peer_ratio is not None]
+    below = [r.workload for r in overhead if r.ratio >= r.peer_ratio]
+    below_verdict = MET if overhead and not below else MISSED if below else SKIPPED
+    return [
+        ("1 tiny-op loop", "<= 1.5x", _all_met(pick("1"))),
+        ("2 MLP, 3 CNN, 4 LSTM on CPU", "<= 1.25x", _all_met(pick("2", "3", "4"))),
+        ("5 CNN on CUDA", "<= 1.10x", _all_met(pick("5"))),
+        (
+            "every workload",
+            "below torch.profiler's overhead with memory, shapes and stacks",
+            below_verdict + (f" ({', '.join(below)})" if below else ""),
+        ),
+        ("6 one million ops", "completes; recorder memory <= 200 MB", _all_met(pick("6"))),
+        ("7 live panel", "<= 5% extra on workload 2", _all_met(pick("7a"))),
+        ("7 graph view", "10,000-node graph view <= 2 s", _all_met(pick("7b"))),
+        ("8 accuracy", "within 1% of the allocator (exact is possible)", _all_met(pick("8"))),
+    ]
+
+
+def markdown(
+    rows: list[Row], quick: bool, elapsed_s: float, where: list[str], notes: str = ""
+) -> str:
+    """The whole of BENCHMARKS.md; `where` is `machine()` taken when the run started."""
+    parts = [
+        "# Benchmarks",
+        "",
+        "Written by `python -m benchmarks` (do not edit by hand; re-run it). Every ratio is "
+        "measured in one process, the variants interleaved round by round after warm-up "
+        "(order rotating: A B C, B C A, C A B), and is the median of the per-round ratios; IQR "
+        "is the spread of those ratios. `peer` is torch.profiler with profile_memory, "
+        "record_shapes and with_stack on the same step, unless the row says otherwise.",
+        "",
+        "## Machine",
+        "",
+        *(f"- {line}" for line in where),
+        f"- mode: {'quick (toy sizes, one round: proves the suite runs)' if quick else 'full'}; "
+        f"suite took {elapsed_s:.0f} s",
+        "",
+        "## Results",
+        "",
+        table_markdown(COLUMNS, [_cells(r) for r in rows]),
+        "",
+        "## Targets (issue 6)",
+        "",
+        table_markdown(("workload", "target", "verdict"), targets(rows)),
+        "",
+        "## What ran",
+        "",
+    ]
+    for row in rows:
+        parts += [f"- **{row.key} {row.workload}**: " + "; ".join(row.details or ["-"])]
+    if notes:
+        parts += ["", notes.rstrip()]
+    return "\n".join(parts) + "\n"

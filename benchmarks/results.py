@@ -1,0 +1,39 @@
+"""Result rows and the issue's targets: what every measurement module returns to `run`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Tracked / untracked wall time, median (issue 6).
+RATIO_TARGETS: dict[str, float] = {"1": 1.5, "2": 1.25, "3": 1.25, "4": 1.25, "5": 1.10}
+MEMORY_TARGET_BYTES = 200 * 10**6
+PANEL_SHARE_TARGET = 0.05
+GRAPH_VIEW_TARGET_S = 2.0
+ACCURACY_TARGET = 0.01
+
+MET, MISSED, SKIPPED, PENDING = "met", "missed", "skipped", "pending"
+
+
+@dataclass
+class Row:
+    """One line of the results table; `details` go under the table in BENCHMARKS.md."""
+
+    key: str
+    workload: str
+    ours: str
+    peer: str = "-"
+    target: str = "-"
+    verdict: str = "-"
+    details: list[str] = field(default_factory=list)
+    ratio: float | None = None  # tracked / untracked, median (overhead rows)
+    peer_ratio: float | None = None  # torch.profiler / untracked, median
+
+
+def verdict(ok: bool) -> str:
+    return MET if ok else MISSED
+
+
+def skipped(key: str, workload: str, reason: str, target: str = "-", what: str = "") -> Row:
+    """A row for a workload that could not run here (no GPU, panel not written yet)."""
+    state = PENDING if reason.startswith("pending") else SKIPPED
+    return Row(key, workload, reason, target=target, verdict=state, details=[what or reason])

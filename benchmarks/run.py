@@ -1,0 +1,167 @@
+"""The suite's entry point: runs workloads 1-8, prints the table and rewrites BENCHMARKS.md.
+
+`python -m benchmarks [--quick] [--output PATH] [--only KEYS]`; `python benchmarks/run.py` works
+too. Hand-written analysis below the marker line of an existing BENCHMARKS.md is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python benchmarks/run.py`: make the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+
+from benchmarks import accuracy, overhead, panel_cost, report, scale, workloads
+from benchmarks.results import Row, skipped
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTES_MARKER = "<!-- Analysis below this line is kept when the suite rewrites this file. -->"
+NO_GPU = "skipped: no GPU"
+CUDA_CNN = "would run: workload 3's CNN, wider (64-128-256), batch 64, 64x64 images, on CUDA"
+ACCURACY = (
+    "would run: 8 conv blocks of width 64, batch 32, 64x64 images on CUDA; retained_bytes vs "
+    "the drop of torch.cuda.memory_allocated() when the loss is deleted"
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much to run: rounds per overhead workload, sizes of workloads 6 and 7."""
+
+    warmup: int
+    rounds: dict[str, int]
+    steps: dict[str, int]  # steps per timed sample: samples of ~0.1 s average out scheduler noise
+    million_ops: int
+    panel_steps: int
+    panel_rounds: int
+    graph_sizes: tuple[int, ...]
+    render_repeats: int
+    quick: bool
+
+
+FULL = Plan(
+    warmup=2,
+    rounds={"1": 21, "2": 21, "3": 21, "4": 15, "5": 31},
+    steps={"1": 2, "2": 10, "3": 2, "4": 1, "5": 5},
+    million_ops=1_000_000,
+    panel_steps=60,
+    panel_rounds=9,
+    graph_sizes=(1000, 10000),
+    render_repeats=3,
+    quick=False,
+)
+QUICK = Plan(
+    warmup=0,
+    rounds=dict.fromkeys("12345", 1),
+    steps=dict.fromkeys("12345", 1),
+    million_ops=4_000,
+    panel_steps=2,
+    panel_rounds=1,
+    graph_sizes=(100, 300),
+    render_repeats=1,
+    quick=True,
+)
+
+
+def _overhead(build: Callable[[bool], workloads.Workload], plan: Plan) -> Row:
+    workload = build(plan.quick)
+    key = workload.key
+    return overhead.measure(workload, plan.rounds[key], plan.warmup, plan.steps[key])
+
+
+def _cuda_rows(plan: Plan) -> list[Row]:
+    if not torch.cuda.is_available():
+        return [
+            skipped("5", "CNN training step on CUDA", NO_GPU, "<= 1.10x", CUDA_CNN),
+            skipped("8", "retained_bytes accuracy (CUDA)", NO_GPU, "within 1%", ACCURACY),
+        ]
+    return [_overhead(workloads.cuda_cnn, plan), accuracy.measure(plan.quick)]
+
+
+def jobs(plan: Plan) -> list[tuple[str, Callable[[], list[Row]]]]:
+    """(row keys, thunk) per measurement, in table order."""
+    cpu = [(w(True).key, w) for w in workloads.CPU_WORKLOADS]
+    return [
+        *((key, lambda build=build: [_overhead(build, plan)]) for key, build in cpu),
+        ("5 8", lambda: _cuda_rows(plan)),
+        ("6", lambda: [scale.measure(plan.million_ops)]),
+        (
+            "7",
+            lambda: panel_cost.measure(
+                plan.panel_steps, plan.panel_rounds, plan.graph_sizes, plan.render_repeats
+            ),
+        ),
+    ]
+
+
+def _guarded(keys: str, thunk: Callable[[], list[Row]]) -> list[Row]:
+    """Run one measurement; a failure becomes an error row so the rest still runs."""
+    try:
+        return thunk()
+    except Exception as exc:
+        traceback.print_exc()
+        return [
+            Row(keys.split()[0], "error", f"error: {type(exc).__name__}: {exc}", verdict="error")
+        ]
+
+
+def _kept_notes(path: Path) -> str:
+    if not path.exists():
+        return NOTES_MARKER + "\n"
+    text = path.read_text(encoding="utf-8")
+    at = text.find(NOTES_MARKER)
+    return NOTES_MARKER + "\n" if at < 0 else text[at:]
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="everything once, at toy sizes")
+    parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument(
+        "--only", default="", help="row keys to run, e.g. '1 2 6' (prints; writes no file)"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default 1: the recorder's cost is Python on the calling "
+        "thread, and one thread keeps a shared machine's scheduler from stalling parallel ops)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the suite; exit status 1 when a measurement failed."""
+    args = parse(argv)
+    plan = QUICK if args.quick else FULL
+    torch.set_num_threads(args.threads)
+    wanted = set(args.only.split())
+    start, rows, where = time.perf_counter(), [], report.machine()
+    for keys, thunk in jobs(plan):
+        if wanted and not wanted & set(keys.split()):
+            continue
+        print(f"running {keys} ...", file=sys.stderr, flush=True)
+        rows += _guarded(keys, thunk)
+    rows.sort(key=lambda row: row.key)
+    elapsed = time.perf_counter() - start
+    print("\n".join(where))
+    print(report.table_text(rows))
+    if not (args.no_write or wanted):
+        text = report.markdown(rows, plan.quick, elapsed, where, _kept_notes(args.output))
+        args.output.write_text(text, encoding="utf-8")
+        print(f"wrote {args.output}")
+    print(f"suite took {elapsed:.1f} s")
+    return 1 if any(r.verdict == "error" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

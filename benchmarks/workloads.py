@@ -1,0 +1,161 @@
+"""The timed workloads: tiny-op loop, MLP, small CNN and LSTM steps on CPU, a larger CNN on CUDA.
+
+Each builder returns a `Workload` whose `step()` runs one unit of work (models, optimizers and
+inputs are built once, outside the timing). `quick=True` gives the same code at toy sizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One unit of work to time: `step()` runs it once; `device` is where it runs."""
+
+    key: str
+    title: str
+    details: str
+    step: Callable[[], None]
+    device: str = "cpu"
+
+
+def tiny_loop(quick: bool = False) -> Workload:
+    """2,000 elementwise ops on a 16-element tensor (mul, add, sin, tanh), then backward."""
+    ops = 40 if quick else 2000
+    x = torch.randn(16, requires_grad=True)
+
+    def step() -> None:
+        y = x
+        for _ in range(ops // 4):
+            y = (y * 1.0001 + 0.001).sin().tanh()
+        y.sum().backward()
+        x.grad = None
+
+    details = f"{ops} elementwise ops (mul, add, sin, tanh cycled) on 16 floats, then backward"
+    return Workload("1", "tiny-op loop", details, step)
+
+
+def _training_step(
+    model: nn.Module, inputs: torch.Tensor, loss_of: Callable[[torch.Tensor], torch.Tensor]
+) -> Callable[[], None]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_of(model(inputs))
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def mlp(quick: bool = False) -> Workload:
+    """MLP training step: batch 64, three Linear(512, 512) layers with ReLU, MSE, SGD."""
+    batch, width = (8, 32) if quick else (64, 512)
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+    )
+    inputs, target = torch.randn(batch, width), torch.randn(batch, width)
+    step = _training_step(model, inputs, lambda out: F.mse_loss(out, target))
+    details = f"batch {batch}, 3 x Linear({width}, {width}) + ReLU, MSE loss, SGD step"
+    return Workload("2", "MLP training step", details, step)
+
+
+def _cnn(channels: tuple[int, int, int], image: int, classes: int = 10) -> nn.Module:
+    c0, c1, c2 = channels
+    return nn.Sequential(
+        nn.Conv2d(3, c0, 3, padding=1),
+        nn.BatchNorm2d(c0),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(c0, c1, 3, padding=1),
+        nn.BatchNorm2d(c1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(c1, c2, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(c2, classes),
+    )
+
+
+def cnn(quick: bool = False) -> Workload:
+    """Small CNN training step: batch 16, 3x32x32 images, 3 conv blocks, cross-entropy, SGD."""
+    batch, image, channels = (2, 8, (4, 8, 8)) if quick else (16, 32, (32, 64, 128))
+    torch.manual_seed(0)
+    model = _cnn(channels, image)
+    inputs, labels = torch.randn(batch, 3, image, image), torch.randint(0, 10, (batch,))
+    step = _training_step(model, inputs, lambda out: F.cross_entropy(out, labels))
+    details = (
+        f"batch {batch}, 3x{image}x{image} images, conv {channels} with BatchNorm/ReLU/MaxPool, "
+        "linear head, cross-entropy, SGD step"
+    )
+    return Workload("3", "small CNN training step", details, step)
+
+
+def lstm(quick: bool = False) -> Workload:
+    """Truncated-BPTT LSTM step: seq 35, batch 20, hidden 200; hidden state carried, detached."""
+    seq, batch, hidden, vocab = (4, 2, 8, 50) if quick else (35, 20, 200, 1000)
+    torch.manual_seed(0)
+    embed, rnn, head = (
+        nn.Embedding(vocab, hidden),
+        nn.LSTM(hidden, hidden),
+        nn.Linear(hidden, vocab),
+    )
+    params = [*embed.parameters(), *rnn.parameters(), *head.parameters()]
+    optimizer = torch.optim.SGD(params, lr=0.1)
+    tokens = torch.randint(0, vocab, (seq + 1, batch))
+    state = [torch.zeros(1, batch, hidden), torch.zeros(1, batch, hidden)]
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        h, c = (t.detach() for t in state)  # truncated BPTT: cut the graph at the window edge
+        out, (h, c) = rnn(embed(tokens[:-1]), (h, c))
+        loss = F.cross_entropy(head(out).view(-1, vocab), tokens[1:].reshape(-1))
+        loss.backward()
+        nn.utils.clip_grad_norm_(params, 0.25)
+        optimizer.step()
+        state[:] = [h, c]
+
+    details = (
+        f"seq {seq}, batch {batch}, 1-layer LSTM hidden {hidden}, embedding and head over "
+        f"{vocab} tokens, hidden state detached each step, grad clipping, SGD"
+    )
+    return Workload("4", "LSTM truncated-BPTT step", details, step)
+
+
+def cuda_cnn(quick: bool = False) -> Workload:
+    """The CNN, larger, on CUDA: batch 64, 3x64x64 images; the step ends with a synchronize."""
+    batch, image, channels = (2, 8, (4, 8, 8)) if quick else (64, 64, (64, 128, 256))
+    torch.manual_seed(0)
+    model = _cnn(channels, image).cuda()
+    inputs = torch.randn(batch, 3, image, image, device="cuda")
+    labels = torch.randint(0, 10, (batch,), device="cuda")
+    train = _training_step(model, inputs, lambda out: F.cross_entropy(out, labels))
+
+    def step() -> None:
+        train()
+        torch.cuda.synchronize()
+
+    details = f"batch {batch}, 3x{image}x{image} images, conv {channels}, on {gpu_name()}"
+    return Workload("5", "CNN training step on CUDA", details, step, device="cuda")
+
+
+def gpu_name() -> str:
+    """The CUDA device's name, or '' without one."""
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
+
+
+CPU_WORKLOADS: tuple[Callable[[bool], Workload], ...] = (tiny_loop, mlp, cnn, lstm)
