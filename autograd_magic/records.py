@@ -136,7 +136,7 @@ class BackwardCall:
     create_graph: bool
     end_seq: int | None = None
     released_buffers: int = 0
-    released_bytes: int = 0
+    released_bytes: int = 0  # retained memory freed: unique non-leaf storages, as retained_bytes
     error: str | None = None
     error_type: str | None = None
     root_ids: tuple[int, ...] = ()

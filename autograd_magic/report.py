@@ -128,8 +128,8 @@ def backward_sentences(trace: Trace) -> list[Sentence]:
             out.append(Sentence(text, line, "error"))
             continue
         text = (
-            f"{head} released {call.released_buffers} saved tensors "
-            f"({format_bytes(call.released_bytes)})"
+            f"{head} released {call.released_buffers} saved tensors, freeing "
+            f"{format_bytes(call.released_bytes)} of retained memory"
         )
         if call.retain_graph:
             text += "; the graph was kept for another backward"

@@ -241,6 +241,7 @@ class Trace:
     def _on_buffer_released(
         self, buffer_id: int, is_leaf: bool, storage_key: int, nbytes: int, site: Site
     ) -> None:
+        call = self._active_backward
         if not is_leaf:
             ref = self._storage_refs.get(storage_key)
             if ref is not None:
@@ -248,15 +249,15 @@ class Trace:
                 if ref[0] == 0:
                     del self._storage_refs[storage_key]
                     self.retained_bytes -= ref[1]
+                    if call is not None:
+                        call.released_bytes += ref[1]
         seq = self._next_seq()
         record = self._buffer_index.get(buffer_id)
         if record is not None:
             record.freed_seq = seq
             record.freed_site = site
-        call = self._active_backward
         if call is not None:
             call.released_buffers += 1
-            call.released_bytes += nbytes
         self._sample("buffer released", site)
 
     @property
