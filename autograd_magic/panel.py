@@ -23,6 +23,7 @@ from autograd_magic.plots import (
     timeline_figure,
 )
 from autograd_magic.report import (
+    MAX_TABLE_ROWS,
     Sentence,
     Table,
     backward_sentences,
@@ -52,6 +53,7 @@ _MARKS = {
     "note": "border-left:4px solid var(--jp-border-color1,#999);padding-left:6px",
 }
 _FLAG = "color:var(--jp-warn-color1,#e65100);font-weight:bold"
+STATIC_TABLE_ROWS = 20  # saved notebook outputs stay small; the widget shows more
 _TAB_NAMES = ("Timeline", "Graph", "Buffers", "Storage", "Versions")
 
 
@@ -74,6 +76,7 @@ class TracePanel:
         self.live_renders = 0
         self._timeline_png = b""
         self._graph_png = b""
+        self._tables: list[tuple[Table, int | None]] = []
         self._started = time.monotonic()
         self._spent = 0.0
         self._timeline_cost = 0.0
@@ -151,6 +154,8 @@ class TracePanel:
         note = view.note or f"All {view.total_nodes:,} recorded nodes are shown."
         options = [(box.label, i) for i, box in enumerate(view.boxes)]
         tables = (buffer_totals(trace), buffer_table(trace))
+        self._tables = [(tables[0], None), (tables[1], None)]
+        self._tables += [(storage_table(trace), None), (versions_table(trace), 6)]
         counts = (
             len(trace.backward_calls),
             view.total_nodes,
@@ -163,8 +168,8 @@ class TracePanel:
             (self.graph_note, "value", _div(html.escape(note), _MUTED)),
             (self.node_select, "options", options),
             (self.buffers, "value", "".join(_table_html(t) for t in tables)),
-            (self.storage, "value", _table_html(storage_table(trace))),
-            (self.versions, "value", _table_html(versions_table(trace), flag_column=6)),
+            (self.storage, "value", _table_html(self._tables[2][0])),
+            (self.versions, "value", _table_html(*self._tables[3])),
             (
                 self.tabs,
                 "titles",
@@ -230,7 +235,7 @@ class TracePanel:
         if self._graph_png:
             parts += [self.graph_note.value, png_img_html(self._graph_png, "autograd graph")]
         if trace.finished:
-            parts += [self.buffers.value, self.storage.value, self.versions.value]
+            parts += [_table_html(_first_rows(t), flag) for t, flag in self._tables]
         return f'<div style="{_TEXT}">' + "".join(parts) + "</div>"
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
@@ -286,6 +291,17 @@ def _sentences_html(items: list[Sentence], title: str) -> str:
         for s in items
     )
     return _div(f"<b>{html.escape(title)}</b><ul style='padding-left:0;margin:2px 0'>{rows}</ul>")
+
+
+def _first_rows(table: Table, limit: int = STATIC_TABLE_ROWS) -> Table:
+    """`table` cut to `limit` rows for saved outputs, saying how many the live panel has."""
+    if len(table.rows) <= limit:
+        return table
+    note = (
+        f"Showing {limit} of {len(table.rows):,} rows in this saved output; "
+        f"the live panel lists up to {MAX_TABLE_ROWS:,}."
+    )
+    return Table(table.title, table.headers, table.rows[:limit], f"{note} {table.note}".strip())
 
 
 def _table_html(table: Table, flag_column: int | None = None) -> str:

@@ -354,9 +354,25 @@ def figure_png(fig: Figure, dpi: int = 100) -> bytes:
     return buffer.getvalue()
 
 
+def compact_png(png: bytes, colors: int = 64) -> bytes:
+    """`png` reduced to an adaptive palette: a third of the size, for outputs saved in notebooks.
+    Returns `png` unchanged when it cannot be decoded."""
+    from PIL import Image  # matplotlib's own dependency; imported only for static output
+
+    try:
+        image = Image.open(io.BytesIO(png)).convert("RGB")
+    except OSError:
+        return png
+    buffer = io.BytesIO()
+    image.quantize(colors=colors, method=Image.Quantize.MEDIANCUT).save(
+        buffer, format="png", optimize=True
+    )
+    return buffer.getvalue() if buffer.tell() < len(png) else png
+
+
 def png_img_html(png: bytes, alt: str) -> str:
-    """An <img> tag embedding `png` as base64, for static HTML."""
-    data = base64.b64encode(png).decode("ascii")
+    """An <img> tag embedding `png` as base64 in a compact palette, for static HTML."""
+    data = base64.b64encode(compact_png(png)).decode("ascii")
     return (
         f'<img alt="{html.escape(alt)}" style="max-width:100%" src="data:image/png;base64,{data}"/>'
     )

@@ -129,3 +129,18 @@ def test_panel_keeps_no_user_tensor_alive():
     gc.collect()
     assert [r() for r in refs] == [None, None, None]
     assert "ExpBackward0" in panel.buffers.value
+
+
+def test_saved_output_lists_twenty_rows_and_says_how_many_the_panel_has():
+    # GIVEN a trace with 30 saved tensors (30 separate exp graphs kept alive)
+    x = torch.ones(4, requires_grad=True)
+    with autograd_magic.track() as trace:
+        kept = [x.exp() for _ in range(30)]
+    panel = TracePanel(trace)
+    # WHEN the panel is saved as static HTML
+    saved = panel._repr_mimebundle_()["text/html"]
+    # THEN the widget's table has all 30 rows, the saved output 20 and a note saying so
+    assert panel.buffers.value.count("ExpBackward0#") == 30
+    assert saved.count("ExpBackward0#") == 20
+    assert "Showing 20 of 30 rows in this saved output" in saved
+    del kept
