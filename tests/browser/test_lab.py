@@ -1,0 +1,343 @@
+"""A real browser: JupyterLab on 127.0.0.1 with a token, the quickstart opened in headless
+Chromium (Debian's /usr/bin/chromium driven by Playwright), all cells run, and the panel's numbers
+and finding read from the widget's own DOM node. Saves a screenshot of the panel; the README's
+picture is made with `AUTOGRAD_MAGIC_SCREENSHOT=docs/panel.png python -m pytest tests/browser`.
+
+When Chromium or Playwright is missing, the test installs them first (`.ci/setup-browser`:
+apt-get chromium, pip playwright). It is skipped only when that install fails and CI is not set;
+under CI it fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOK = "examples/quickstart.ipynb"
+SETUP = ROOT / ".ci" / "setup-browser"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+# The panel's outer VBox as ipywidgets renders it in an output area (the static text/html
+# fallback renders as .jp-RenderedHTMLCommon instead, and a failed widget as a message).
+WIDGET_OUTPUT = ".jp-OutputArea-output > .jupyter-widgets.widget-vbox"
+PANEL_TRACES = ("leaky", "fixed")  # the quickstart's %%trackgraph -o cells, in order
+SERVER_START_S = 120
+RUN_S = 240
+
+
+def on_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def require(ok: bool, what: str) -> None:
+    """Skip when a browser-test prerequisite is missing, except under CI, where it fails."""
+    if ok:
+        return
+    message = f"{what} is missing: run .ci/setup-browser (apt-get chromium, pip playwright)"
+    if on_ci():
+        pytest.fail(f"CI is set and {message}")
+    pytest.skip(message)
+
+
+def install_browser() -> str:
+    """Run .ci/setup-browser for this interpreter; its output, for the skip or failure message."""
+    env = dict(os.environ, PYTHON=sys.executable)
+    done = subprocess.run(
+        ["bash", str(SETUP)], env=env, capture_output=True, text=True, timeout=900, check=False
+    )
+    return (done.stdout + done.stderr)[-2000:]
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def write_json(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value), encoding="utf-8")
+
+
+class Lab:
+    """A JupyterLab server in a private Jupyter home; `stop()` shuts it and its kernels down."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.port = free_port()
+        self.token = secrets.token_hex(16)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = home / "server.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        for name in ("JUPYTER_PATH", "JUPYTER_CONFIG_PATH", "JUPYTER_PREFER_ENV_PATH"):
+            env.pop(name, None)
+        data = self.home / "data"
+        settings = self.home / "settings"
+        env.update(
+            JUPYTER_CONFIG_DIR=str(self.home / "config"),
+            JUPYTER_DATA_DIR=str(data),
+            JUPYTER_RUNTIME_DIR=str(self.home / "runtime"),
+            JUPYTERLAB_SETTINGS_DIR=str(settings),
+            JUPYTERLAB_WORKSPACES_DIR=str(self.home / "workspaces"),
+            IPYTHONDIR=str(self.home / "ipython"),
+        )
+        # The notebook's "python3" kernel runs this interpreter (the package under test).
+        argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+        spec = {"argv": argv, "display_name": "Python 3 (ipykernel)", "language": "python"}
+        write_json(data / "kernels" / "python3" / "kernel.json", spec)
+        # No autosave (the repository's notebook must not change), no news or update checks.
+        write_json(
+            settings / "@jupyterlab" / "docmanager-extension" / "plugin.jupyterlab-settings",
+            {"autosave": False},
+        )
+        write_json(
+            settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings",
+            {"fetchNews": "false", "checkForUpdates": False},
+        )
+        return env
+
+    def start(self) -> None:
+        command = [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "lab",
+            "--no-browser",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={self.port}",
+            "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={self.token}",
+            f"--ServerApp.root_dir={ROOT}",
+            f"--FileCheckpoints.root_dir={self.home / 'checkpoints'}",  # none in the repository
+            "--ServerApp.terminals_enabled=False",
+            "--LabApp.news_url=None",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            "--LabApp.extension_manager=readonly",
+        ]
+        if os.geteuid() == 0:  # CI containers run as root
+            command.append("--allow-root")
+        env = self.environment()
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + SERVER_START_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"JupyterLab exited early:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(self.api("status"), timeout=5) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.5)
+        raise AssertionError(f"JupyterLab did not answer in {SERVER_START_S} s:\n{self.log()}")
+
+    def api(self, path: str) -> str:
+        return f"{self.url}/api/{path}?token={self.token}"
+
+    def log(self) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return text[-4000:]
+
+    def stop(self) -> None:
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        try:  # the server's own shutdown also shuts its kernels down
+            request = urllib.request.Request(self.api("shutdown"), method="POST")
+            urllib.request.urlopen(request, timeout=10).close()
+            process.wait(timeout=20)
+        except (urllib.error.URLError, OSError, subprocess.TimeoutExpired):
+            pass
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+        # Anything left in the server's own process group (a stray kernel) goes too.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    if not (CHROMIUM.exists() and _importable("playwright") and _importable("jupyterlab")):
+        output = install_browser()
+        import importlib
+
+        importlib.invalidate_caches()
+        require(CHROMIUM.exists(), f"{CHROMIUM} (.ci/setup-browser said: {output})")
+    require(CHROMIUM.exists(), str(CHROMIUM))
+    require(_importable("playwright"), "the playwright Python package")
+    require(_importable("jupyterlab"), "JupyterLab")
+    server = Lab(tmp_path_factory.mktemp("jupyter-home"))
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def page(lab: Lab, tmp_path: Path) -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),  # a new, empty user data dir
+            executable_path=str(CHROMIUM),
+            args=CHROMIUM_ARGS,
+            headless=True,
+            viewport={"width": 1280, "height": 1000},
+        )
+        try:
+            yield context.pages[0] if context.pages else context.new_page()
+        finally:
+            context.close()
+
+
+# ----- driving JupyterLab -----------------------------------------------------------------
+def dismiss_dialogs(page: Any) -> None:
+    """Answer the first-run dialogs explicitly: keep the notebook's kernel, no news."""
+    dialog = page.locator(".jp-Dialog")
+    if dialog.count() and "kernel" in dialog.inner_text().lower():
+        dialog.locator(".jp-Dialog-button.jp-mod-accept").click()  # "Select": python3
+    news = page.get_by_role("button", name=re.compile(r"^No$"))
+    if news.count():
+        news.first.click()
+
+
+def wait_for_kernel_idle(page: Any, timeout_s: float) -> None:
+    """Wait for the status bar's "Python 3 (ipykernel) | Idle", answering dialogs meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    status = page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r"ipykernel.*\| Idle$"))
+    while time.monotonic() < deadline:
+        dismiss_dialogs(page)
+        if status.count():
+            return
+        page.wait_for_timeout(500)
+    raise AssertionError(f"the kernel was not idle within {timeout_s} s")
+
+
+def menu(page: Any, top: str, item: str) -> None:
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(f"^{top}$")).click()
+    entry = page.locator(".lm-Menu-itemLabel", has_text=re.compile(f"^{re.escape(item)}"))
+    entry.first.click()
+
+
+def panel_texts(page: Any) -> list[str]:
+    """Text of each rendered autograd_magic widget (not the static fallback)."""
+    nodes = page.locator(WIDGET_OUTPUT).filter(has_text="autograd_magic")
+    return [" ".join(nodes.nth(i).inner_text().split()) for i in range(nodes.count())]
+
+
+def expected_numbers() -> dict[str, str]:
+    """The leaky cell's headline numbers, from running its code under track() in-process."""
+    import autograd_magic
+    from autograd_magic.report import summary_items
+
+    cells = json.loads((ROOT / NOTEBOOK).read_text(encoding="utf-8"))["cells"]
+    sources = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    setup = "\n".join(line for line in sources[0].splitlines() if not line.startswith("%"))
+    (leaky,) = [s for s in sources if s.startswith("%%trackgraph -o leaky")]
+    namespace: dict[str, Any] = {}
+    exec(compile(setup, "setup", "exec"), namespace)
+    with autograd_magic.track() as trace:
+        exec(compile(leaky.split("\n", 1)[1], "leaky", "exec"), namespace)
+    return dict(summary_items(trace))
+
+
+def test_quickstart_panel_renders_in_jupyterlab(lab: Lab, page: Any, tmp_path: Path) -> None:
+    notebook = ROOT / NOTEBOOK
+    before = hashlib.sha256(notebook.read_bytes()).hexdigest()
+    expected = expected_numbers()
+    try:
+        # GIVEN the quickstart open in JupyterLab with its kernel started
+        page.goto(f"{lab.url}/lab/tree/{NOTEBOOK}?token={lab.token}", timeout=120_000)
+        page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120_000)
+        wait_for_kernel_idle(page, 120)
+        # AND its committed outputs cleared, so only a live widget can pass below
+        menu(page, "Edit", "Clear Outputs of All Cells")
+        page.wait_for_timeout(500)
+        assert page.locator(WIDGET_OUTPUT).count() == 0
+        # WHEN all cells run
+        menu(page, "Run", "Run All Cells")
+        deadline = time.monotonic() + RUN_S
+        while time.monotonic() < deadline:
+            dismiss_dialogs(page)
+            texts = panel_texts(page)
+            if sum("finished" in t for t in texts) == len(PANEL_TRACES):
+                break
+            page.wait_for_timeout(1000)
+        texts = panel_texts(page)
+        # THEN both panels rendered as widgets, finished
+        assert len(texts) == len(PANEL_TRACES), f"{len(texts)} panels: {texts}\n{lab.log()}"
+        leaky, fixed = texts
+        assert "Error displaying widget" not in " ".join(texts)
+        assert leaky.startswith("autograd_magic — finished"), leaky[:200]
+        # AND the leaky panel shows the numbers of that loop and the finding naming total_loss
+        for label in ("Live autograd nodes", "Retained saved tensors", "Backward calls"):
+            assert f"{label} {expected[label]}" in leaky, (label, expected[label], leaky[:600])
+        assert "Backward calls 3" in leaky
+        assert "`total_loss` keeps every iteration's graph alive" in leaky
+        assert "Line 7:" in leaky
+        # AND the fixed panel has no finding
+        assert "keeps every iteration's graph alive" not in fixed
+        assert not re.search(r"Line \d+:", fixed.split("Timeline")[0]), fixed[:600]
+        # AND the panel's tabs are there
+        for tab in ("Timeline", "Graph", "Buffers", "Storage", "Versions"):
+            assert tab in leaky
+        # Save the picture of the leaky panel (the README's, when asked for)
+        screenshot = Path(os.environ.get("AUTOGRAD_MAGIC_SCREENSHOT") or tmp_path / "panel.png")
+        widget = page.locator(WIDGET_OUTPUT).filter(has_text="autograd_magic").first
+        widget.scroll_into_view_if_needed()
+        screenshot.parent.mkdir(parents=True, exist_ok=True)
+        widget.screenshot(path=str(screenshot))
+        assert screenshot.stat().st_size > 10_000
+        print(f"panel screenshot: {screenshot}")
+    finally:
+        after = hashlib.sha256(notebook.read_bytes()).hexdigest()
+        assert after == before, f"{NOTEBOOK} was modified by the browser session"
