@@ -21,7 +21,7 @@ import numpy
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MultipleLocator
 
 from autograd_magic.records import NodeRecord
 from autograd_magic.report import format_bytes
@@ -275,6 +275,7 @@ def timeline_figure(trace: Trace, width: float = 9.0, height: float = 3.2) -> Fi
     ax2.fill_between(seqs, retained, step="post", color=BYTES_COLOR, alpha=0.25, lw=0)
     ax2.step(seqs, retained, where="post", color=BYTES_COLOR, lw=1.0)
     ax2.set_ylabel("retained saved tensors", color=BYTES_COLOR, fontsize=8)
+    ax2.yaxis.set_major_locator(MultipleLocator(byte_tick_step(max(retained))))
     ax2.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_bytes(int(v))))
     ax2.tick_params(labelsize=7)
     ax.set_ylim(bottom=0)
@@ -292,6 +293,18 @@ def timeline_figure(trace: Trace, width: float = 9.0, height: float = 3.2) -> Fi
         ax.axvline(seqs[-1], color=ERROR_COLOR, ls="--", lw=1.2)
         _vlabel(ax, seqs[-1], f"error L{line}", ERROR_COLOR)
     return fig
+
+
+def byte_tick_step(top: int, most_ticks: int = 6) -> int:
+    """A tick spacing in whole binary units (1, 2 or 5 x B, KiB, MiB...), so labels read 2.0 KiB
+    rather than 1000 B beside 2.0 KiB."""
+    unit = 1
+    while unit * 1024 <= top:
+        unit *= 1024
+    for nice in (1, 2, 5, 10, 20, 50, 100, 200, 500):
+        if top / (unit * nice) <= most_ticks:
+            return unit * nice
+    return unit * 1024
 
 
 def _vlabel(ax: object, x: float, text: str, colour: str) -> None:

@@ -142,6 +142,15 @@ def test_static_pngs_are_compacted_to_a_palette_of_the_same_size():
     assert base64.b64encode(small).decode() in plots.png_img_html(png, "timeline")
 
 
+def test_byte_ticks_fall_on_whole_binary_units():
+    # GIVEN peaks of 8.2 KiB, 300 B and 3 GiB WHEN the bytes axis is ticked
+    # THEN ticks are 2 KiB, 50 B and 1 GiB apart, never 1000 B next to 2.0 KiB
+    assert plots.byte_tick_step(8400) == 2048
+    assert plots.byte_tick_step(300) == 50
+    assert plots.byte_tick_step(3 * 1024**3) == 1024**3
+    assert plots.byte_tick_step(0) == 1
+
+
 def test_ten_thousand_node_graph_renders_quickly():
     """Linear-time layout: a quadratic step would take minutes here, not seconds."""
     trace = recorded_loops(1000)

@@ -274,6 +274,38 @@ def panel_texts(page: Any) -> list[str]:
     return [" ".join(nodes.nth(i).inner_text().split()) for i in range(nodes.count())]
 
 
+# The lowest WCAG contrast ratio between a visible text and the background it is drawn on.
+CONTRAST_JS = """
+root => {
+  const rgba = s => (s.match(/[\\d.]+/g) || []).map(Number);
+  const lum = ([r, g, b]) => {
+    const f = c => { c /= 255; return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4; };
+    return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+  };
+  const background = el => {
+    for (; el; el = el.parentElement) {
+      const c = rgba(getComputedStyle(el).backgroundColor);
+      if (c.length === 3 || (c.length === 4 && c[3] > 0.5)) return c;
+    }
+    return [255, 255, 255];
+  };
+  let worst = 21;
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    const el = node.parentElement;
+    if (!node.textContent.trim() || !el.offsetParent) continue;
+    const [a, b] = [lum(rgba(getComputedStyle(el).color)), lum(background(el))];
+    worst = Math.min(worst, (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05));
+  }
+  return worst;
+}
+"""
+
+
+def min_contrast(widget: Any) -> float:
+    return float(widget.evaluate(CONTRAST_JS))
+
+
 def expected_numbers() -> dict[str, str]:
     """The leaky cell's headline numbers, from running its code under track() in-process."""
     import autograd_magic
@@ -338,6 +370,16 @@ def test_quickstart_panel_renders_in_jupyterlab(lab: Lab, page: Any, tmp_path: P
         widget.screenshot(path=str(screenshot))
         assert screenshot.stat().st_size > 10_000
         print(f"panel screenshot: {screenshot}")
+        # AND after switching JupyterLab to its dark theme every visible text stays readable
+        assert min_contrast(widget) >= 4.5
+        menu(page, "Settings", "Theme")
+        page.locator(".lm-Menu-itemLabel", has_text=re.compile("^JupyterLab Dark$")).click()
+        page.wait_for_function("document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
+        page.wait_for_timeout(1000)
+        dark = min_contrast(widget)
+        widget.screenshot(path=str(tmp_path / "panel-dark.png"))
+        print(f"lowest text contrast: dark theme {dark:.2f}")
+        assert dark >= 4.5, f"contrast {dark:.2f} in the dark theme"
     finally:
         after = hashlib.sha256(notebook.read_bytes()).hexdigest()
         assert after == before, f"{NOTEBOOK} was modified by the browser session"
