@@ -68,7 +68,8 @@ def summary_items(trace: Trace) -> list[tuple[str, str]]:
 
 
 def sentences(trace: Trace) -> list[Sentence]:
-    """The error, the findings, blind spots and caps, as sentences with their lines."""
+    """The error, the findings, blind spots and caps, as sentences with their lines; then what
+    was still alive at the end, when anything was."""
     out: list[Sentence] = []
     if trace.error:
         site = trace.error_site
@@ -100,7 +101,9 @@ def sentences(trace: Trace) -> list[Sentence]:
                 "blindspot",
             )
         )
-    if trace.finished:
+    if trace.finished and not out:
+        out.append(Sentence("No findings.", None, "note"))
+    if trace.finished and trace.snapshot().live_nodes:
         s = trace.snapshot()
         out.append(
             Sentence(

@@ -169,7 +169,10 @@ def test_backward_twice_names_the_releasing_backward_and_the_shared_part():
     assert finding.line == line_of("SECOND")
     assert line_of("FIRST") in finding.related_lines
     assert line_of("SHARED") in finding.related_lines
-    assert "retain_graph=True" in finding.message and "(loss1 + loss2)" in finding.message
+    assert "retain_graph=True at line" in finding.message
+    assert "the usual better fix is one backward over the sum, `(d + e).backward()`" in (
+        finding.message
+    )
     assert finding.holder == "e"
 
 
@@ -197,6 +200,34 @@ def test_two_heads_on_a_shared_trunk():
     assert finding.holder == "loss2"
     assert line_of("HEAD1") in finding.related_lines
     assert line_of("TRUNK") in finding.related_lines
+    # only the trunk was freed earlier: the failing call's own head is not blamed
+    assert f"saved at line {line_of('TRUNK')} that the backward at line {line_of('HEAD1')} " in (
+        finding.message
+    )
+    assert f"retain_graph=True at line {line_of('HEAD1')} " in finding.message
+    assert "`(loss1 + loss2).backward()`" in finding.message
+
+
+def test_a_graph_built_once_and_reused_every_iteration_is_named_not_a_carried_value():
+    """Seed 004: x requires grad, so y's graph (built once) is freed by the first backward."""
+    torch.manual_seed(0)
+    model = nn.Linear(1, 1)
+    with am.track() as trace:
+        x = torch.randn((20, 1), requires_grad=True)
+        y = 1 + 2 * x + 0.3 * torch.randn(20, 1)  # BUILT
+        y_train = y[:14]  # SLICED
+        for _ in range(2):
+            loss = ((model(x[:14]) - y_train) ** 2).mean()
+            if _ == 1:
+                with pytest.raises(RuntimeError, match="a second time"):
+                    loss.backward()  # AGAIN
+            else:
+                loss.backward()  # ONCE
+    finding = only(trace, "backward-through-freed")
+    assert finding.line == line_of("AGAIN")
+    assert {line_of("BUILT"), line_of("SLICED"), line_of("ONCE")} <= set(finding.related_lines)
+    assert "built once (line" in finding.message and "detach `y_train`" in finding.message
+    assert "h.detach()" not in finding.message
 
 
 def test_retained_graph_left_unreleased_is_reported_with_bytes():
@@ -362,3 +393,21 @@ def test_every_kind_is_documented_and_analyze_is_pure_over_json():
     loaded = am.Trace.from_json(trace.to_json())
     assert [f.kind for f in analyze(loaded)] == kinds(trace)
     assert set(kinds(trace)) <= set(KINDS)
+
+
+def test_a_carried_lstm_state_is_named_with_the_tuple_detach():
+    """Seed 004: an LSTM's (h, c) carried across batches without detach."""
+    torch.manual_seed(0)
+    lstm = nn.LSTM(1, 4)
+    with am.track() as trace:
+        hidden = (torch.zeros(1, 1, 4), torch.zeros(1, 1, 4))
+        for step in range(2):
+            out, hidden = lstm(torch.randn(5, 1, 1), hidden)  # CARRIED
+            if step:
+                with pytest.raises(RuntimeError, match="a second time"):
+                    out.sum().backward()
+            else:
+                out.sum().backward()
+    finding = only(trace, "backward-through-freed")
+    assert line_of("CARRIED") in finding.related_lines
+    assert "`hidden = tuple(t.detach() for t in hidden)`" in finding.message

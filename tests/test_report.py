@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import torch
+
+import autograd_magic
 from autograd_magic.records import (
     AliasLink,
     BackwardCall,
@@ -211,3 +214,21 @@ def test_render_text_of_an_empty_running_trace():
     text = render_text(Trace())
     assert text.startswith("autograd_magic trace (running)")
     assert "Saved tensors: none" in text
+
+
+def test_a_clean_cell_says_no_findings_and_nothing_about_an_empty_end_state():
+    # GIVEN a training step that frees its graph WHEN reported
+    w = torch.ones(3, requires_grad=True)
+    with autograd_magic.track() as trace:
+        (w * 2).exp().sum().backward()
+    # THEN the findings section reads "No findings." and says nothing about 0 live nodes
+    texts = [s.text for s in sentences(trace)]
+    assert texts == ["No findings."]
+    # AND a cell that ends holding a graph still says how much
+    with autograd_magic.track() as trace:
+        kept = (w * 2).exp()
+    assert sentences(trace)[-1].text == (
+        "When the cell ended, 3 autograd nodes were still alive, holding 12 B of saved tensors "
+        "(peak 12 B)."
+    )
+    del kept

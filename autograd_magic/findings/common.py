@@ -38,8 +38,14 @@ def source_of(site: Site) -> str:
 
 
 def quoted_source(site: Site) -> str:
+    """' (`code`)' after a cell line; for code inside a function the quote says where it is,
+    since the cell line (a call) and the quoted line differ."""
     text = source_of(site)
-    return f" (`{text}`)" if text else ""
+    if not text:
+        return ""
+    if site.outer_line is not None and site.outer_line != site.line:
+        return f" (in {site.function} line {site.line}: `{text}`)"
+    return f" (`{text}`)"
 
 
 class RecordIndex:

@@ -3,6 +3,7 @@ backward-through-freed and unused-graph."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 from autograd_magic.findings.common import (
@@ -14,6 +15,7 @@ from autograd_magic.findings.common import (
     line_list,
     quoted_source,
     retained_bytes_of,
+    source_of,
 )
 from autograd_magic.records import Finding, NodeRecord, Site
 from autograd_magic.trace import Trace
@@ -108,14 +110,14 @@ def graph_growth(trace: Trace, graph: RecordIndex) -> list[Finding]:
         return []
     site = carried.most_common(1)[0][0]
     line = cell_line(site)
-    holder = _holder_born_at(trace, graph, site) or "the carried value"
+    holder = _carried_holder(trace, graph, site) or "the carried value"
     retain = any(c.retain_graph for c in calls)
     message = (
         f"Each iteration's graph links to the previous one through `{holder}` (computed at line "
         f"{line}{quoted_source(site)}): the backward at line {cell_line(calls[-1].site)} walked "
         f"{calls[-1].earlier_nodes} nodes from earlier iterations, and the graph grew from "
         f"{calls[0].graph_nodes} to {calls[-1].graph_nodes} nodes over {len(calls) + 1} backward "
-        f"calls. Detach the carried value once per iteration (`{holder} = {holder}.detach()` "
+        f"calls. Detach the carried value once per iteration (`{_detached(trace, holder)}` "
         f"before it is used again)"
         + (", then retain_graph=True is no longer needed." if retain else ".")
     )
@@ -146,6 +148,27 @@ def _holder_born_at(trace: Trace, graph: RecordIndex, site: Site) -> str | None:
         if node is not None and node.born_site == site:
             return holder.path
     return None
+
+
+def _carried_holder(trace: Trace, graph: RecordIndex, site: Site) -> str | None:
+    """The variable computed at `site` that its own line also reads (`h = rnn(x, h)`)."""
+    names = []
+    for holder in trace.holders:
+        node = graph.node(holder.node_id)
+        if node is not None and node.born_site == site:
+            names.append(_holder_group(holder.path))
+    text = source_of(site)
+    for name in names:
+        if len(re.findall(rf"(?<![\w.]){re.escape(name)}(?![\w])", text)) >= 2:
+            return name
+    return names[0] if names else None
+
+
+def _detached(trace: Trace, holder: str) -> str:
+    """`h = h.detach()`, or the tuple form when `holder` is a tuple such as an LSTM's (h, c)."""
+    if any(h.path.startswith(f"{holder}[") for h in trace.holders):
+        return f"{holder} = tuple(t.detach() for t in {holder})"
+    return f"{holder} = {holder}.detach()"
 
 
 def _root_name(trace: Trace, root_ids: tuple[int, ...]) -> str | None:
@@ -187,52 +210,107 @@ def retained_graph(trace: Trace, graph: RecordIndex) -> list[Finding]:
 def backward_through_freed(trace: Trace, graph: RecordIndex) -> list[Finding]:
     """A backward that needed buffers an earlier backward had already released."""
     findings = []
-    for call in trace.backward_calls:
+    for index, call in enumerate(trace.backward_calls):
         if call.error is None or FREED_TWICE not in call.error:
             continue
-        freed = [b for b in graph.buffers_of(call.reached, live=False) if b.freed]
-        releasers = sorted(
-            {
-                cell_line(c.site)
-                for b in freed
-                for c in trace.backward_calls
-                if c.end_seq is not None and c.seq < (b.freed_seq or 0) <= c.end_seq
-            }
-        )
-        built = [graph.node(b.node_id) for b in freed if b.node_id is not None]
-        built_sites = [n.born_site for n in built if n is not None]
-        findings.append(_freed_twice_finding(trace, graph, call, releasers, built_sites))
+        shared = _walked_before(trace, graph, call, index)
+        releaser = _releaser(trace, shared, index)
+        findings.append(_freed_twice_finding(trace, graph, call, shared, releaser))
     return findings
 
 
+def _walked_before(trace: Trace, graph: RecordIndex, call, index: int) -> list[NodeRecord]:
+    """Nodes the failing call needed that an earlier backward had walked: the shared part."""
+    nodes = (graph.node(i) for i in call.reached)
+    return sorted(
+        (
+            n
+            for n in nodes
+            if n is not None
+            and n.name != ACCUMULATE
+            and n.reached_by is not None
+            and n.reached_by < index
+        ),
+        key=lambda n: n.born_seq,
+    )
+
+
+def _releaser(trace: Trace, shared: list[NodeRecord], index: int):
+    """The first earlier backward without retain_graph that could have freed the shared part."""
+    first = min((n.reached_by for n in shared if n.reached_by is not None), default=0)
+    for call in trace.backward_calls[first:index]:
+        if not call.retain_graph and call.error is None:
+            return call
+    return None
+
+
 def _freed_twice_finding(
-    trace: Trace, graph: RecordIndex, call, releasers: list[int], built_sites: list[Site]
+    trace: Trace, graph: RecordIndex, call, shared: list[NodeRecord], releaser
 ) -> Finding:
     name = _root_name(trace, call.root_ids)
     who = f"`{name}.backward()`" if name else "The backward"
-    built_lines = sorted({cell_line(s) for s in built_sites})
-    built = f" saved at line {line_list(built_lines)}" if built_lines else ""
-    earlier = f"the backward at line {line_list(releasers)}" if releasers else "an earlier backward"
-    carried = [s for s in built_sites if _built_in_two_epochs(trace, graph, s)]
+    built_lines = sorted({cell_line(n.born_site) for n in shared})
+    freed = [
+        b
+        for b in graph.buffers_of((n.id for n in shared), live=False)
+        if b.freed and (b.freed_seq or 0) < call.seq
+    ]
+    saved_lines = sorted({cell_line(b.saved_site) for b in freed}) or built_lines
+    if freed:
+        needs = f"tensors saved at line {line_list(saved_lines)}"
+    else:  # e.g. a Python number saved by `2 * x`: saved-tensor hooks never see those
+        needs = f"the graph built at line {line_list(built_lines)}" if built_lines else "a graph"
+    if releaser is None:
+        earlier, releaser_lines = "an earlier backward", []
+    else:
+        again = " (an earlier run of that line)" if releaser.site == call.site else ""
+        earlier = f"the backward at {releaser.site.describe()}{again}"
+        releaser_lines = [cell_line(releaser.site)]
+    message = (
+        f"{who} at {call.site.describe()} needs {needs} that {earlier} already freed (a backward "
+        f"frees the saved tensors of the graph it walks). "
+        f"{_freed_twice_fix(trace, graph, call, shared, releaser, name)}"
+    )
+    related = tuple(sorted(set(releaser_lines) | set(built_lines) | set(saved_lines)))
+    return Finding("backward-through-freed", message, cell_line(call.site), related, name, 0)
+
+
+def _freed_twice_fix(
+    trace: Trace, graph: RecordIndex, call, shared: list[NodeRecord], releaser, name: str | None
+) -> str:
+    """The usual fix, by how the graphs came to share a part."""
+    roots = [n for n in map(graph.node, call.root_ids) if n is not None]
+    if releaser is not None and roots and all(r.born_seq < releaser.seq for r in roots):
+        # Two losses from one forward, backpropagated one after the other.
+        first = _root_name(trace, releaser.root_ids)
+        total = f"({first} + {name})" if first and name and first != name else "(loss1 + loss2)"
+        return (
+            f"Passing retain_graph=True at line {cell_line(releaser.site)} would keep them (and "
+            f"their memory) until this call; the usual better fix is one backward over the sum, "
+            f"`{total}.backward()`."
+        )
+    carried = [n.born_site for n in shared if _built_in_two_epochs(trace, graph, n.born_site)]
     if carried:
-        fix = (
-            f"The shared part is a value carried across iterations (line {cell_line(carried[0])}):"
-            " detach it once per iteration (`h = h.detach()`) rather than passing "
+        holder = _carried_holder(trace, graph, carried[-1]) or "h"
+        return (
+            f"The shared part is a value carried across iterations (line {cell_line(carried[-1])}):"
+            f" detach it once per iteration (`{_detached(trace, holder)}`) rather than passing "
             "retain_graph=True, which would keep every iteration's graph alive."
         )
-    else:
-        fix = (
-            f"Passing retain_graph=True at line {line_list(releasers) or '?'} would keep them (and "
-            "their memory) until this call; the usual better fix is one backward over the sum, "
-            "e.g. `(loss1 + loss2).backward()`."
+    if not shared:
+        return (
+            "Pass retain_graph=True to the earlier backward, or sum the losses and call backward "
+            "once."
         )
-    message = (
-        f"{who} at {call.site.describe()} needs tensors{built} that {earlier} already freed (a "
-        f"backward frees the saved tensors of the graph it walks). {fix}"
+    holders = [h for n in shared if (h := _holder_born_at(trace, graph, n.born_site))]
+    value = f"`{holders[-1]}`" if holders else "it"
+    lines = line_list({cell_line(n.born_site) for n in shared})
+    return (
+        f"The shared part was built once (line {lines}) and is reused by every later "
+        f"backward: if no gradient should flow into it, detach "
+        f"{value} (or build it under `torch.no_grad()`); if one should, rebuild it before each "
+        "backward."
     )
-    related = tuple(sorted(set(releasers) | set(built_lines)))
-    line = cell_line(call.site)
-    return Finding("backward-through-freed", message, line, related, name, 0)
 
 
 def _built_in_two_epochs(trace: Trace, graph: RecordIndex, site: Site) -> bool:

@@ -70,8 +70,9 @@ def shared_write(trace: Trace, graph: RecordIndex) -> list[Finding]:
         )
         message = (
             f"In-place `{bump.op}` on `{bump.label}` at line {key[0]}"
-            f"{quoted_source(bump.site)} also changed {others}: they share memory with "
-            f"`{bump.label}`. If the old values were "
+            f"{quoted_source(bump.site)} also changed {others}, which "
+            f"{'share' if len(bump.sharers) > 1 else 'shares'} memory with `{bump.label}`. "
+            f"If the old values were "
             f"meant to stay, copy first with `.clone()` (tensors) or `.copy()` (NumPy arrays)."
         )
         findings.append(Finding("shared-write", message, key[0], (), bump.label, 0))
