@@ -385,6 +385,40 @@ def test_seed_per_sample_forward_graphs_freed_when_out_is_rebound(model):
     assert any(n.freed_line == line_of("RESET") for n in trace.nodes)
 
 
+def test_a_partial_batch_left_in_the_running_sum_is_named(model):
+    """Seed 000: the last samples skip the flush, so `total_loss` keeps losses no backward used."""
+    data, target = torch.randn(8, 8), torch.randn(8)
+    with am.track() as trace:
+        total_loss, count = 0, 0
+        for i in range(len(target)):
+            out = model(data[i].unsqueeze(0))
+            total_loss += F.mse_loss(out.squeeze(), target[i])  # SUM
+            count += 1
+            if count == 3:
+                total_loss.backward()  # FLUSH
+                total_loss, count = 0, 0
+    finding = only(trace, "unused-graph")
+    assert finding.holder == "total_loss"
+    assert finding.line == line_of("SUM")
+    assert finding.related_lines == (line_of("FLUSH"),)
+    assert finding.message.startswith(
+        f"`total_loss` still holds 2 results of line {line_of('SUM')}"
+    )
+    assert "nothing to the gradients" in finding.message
+
+
+def test_a_running_sum_flushed_every_time_leaves_nothing(model):
+    data, target = torch.randn(6, 8), torch.randn(6)
+    with am.track() as trace:
+        total_loss = 0
+        for i in range(len(target)):
+            total_loss += F.mse_loss(model(data[i : i + 1]).squeeze(), target[i])
+            if i % 3 == 2:
+                total_loss.backward()
+                total_loss = 0
+    assert trace.findings == []
+
+
 def test_every_kind_is_documented_and_analyze_is_pure_over_json():
     x = torch.randn(5, requires_grad=True)
     with am.track() as trace:

@@ -332,9 +332,14 @@ def unused_graph(trace: Trace, graph: RecordIndex) -> list[Finding]:
     for root in roots:
         by_line.setdefault(cell_line(root.born_site), []).append(root)
     no_backward = not trace.backward_calls
+    fed_a_backward = {n.born_site for n in trace.nodes if n.reached_by is not None}
     findings = []
     for line, line_roots in by_line.items():
         freed = [r for r in line_roots if not r.alive]
+        for root in line_roots:
+            if root.alive and root.born_site in fed_a_backward:
+                finding = _leftover_finding(trace, graph, root, unused)
+                findings += [finding] if finding else []
         if not (no_backward or freed):
             continue
         per_graph = [_unused_bytes(graph, r, unused) for r in line_roots]
@@ -342,6 +347,49 @@ def unused_graph(trace: Trace, graph: RecordIndex) -> list[Finding]:
             continue
         findings.append(_unused_finding(trace, line, line_roots, freed, max(per_graph)))
     return findings
+
+
+_ADD = "AddBackward0"
+
+
+def _leftover_finding(
+    trace: Trace, graph: RecordIndex, root: NodeRecord, unused: dict[int, NodeRecord]
+) -> Finding | None:
+    """A variable still holding results its line made after the last backward that used them
+    (a partial batch left in `total_loss`): they never reach the gradients."""
+    holder = _root_name(trace, (root.id,))
+    chain = [root]
+    while previous := [
+        n
+        for n in map(graph.node, chain[-1].next_ids)
+        if n is not None and n.id in unused and n.born_site == root.born_site and n.name == _ADD
+    ]:
+        chain.append(previous[0])
+    # Only a running sum (`total_loss += loss`, an add chain on one line) is a leftover.
+    if holder is None or root.name != _ADD or len(chain) < 2:
+        return None
+    part: set[int] = set()
+    stack = [root.id]
+    while stack:
+        node_id = stack.pop()
+        if node_id not in part and node_id in unused:
+            part.add(node_id)
+            stack.extend(unused[node_id].next_ids)
+    results = len(chain)
+    nbytes = retained_bytes_of(graph.buffers_of(part, live=True))
+    line = cell_line(root.born_site)
+    last = trace.backward_calls[-1]
+    message = (
+        f"`{holder}` still holds {results} result{'s' if results > 1 else ''} of line {line}"
+        f"{quoted_source(root.born_site)} made after the last backward (line "
+        f"{cell_line(last.site)}): no backward used {'them' if results > 1 else 'it'}, so "
+        f"{'they add' if results > 1 else 'it adds'} nothing to the gradients "
+        f"({len(part)} nodes{', ' + format_bytes(nbytes) + ' saved' if nbytes else ''}) and "
+        f"{'are' if results > 1 else 'is'} dropped when `{holder}` is rebound. If a partial "
+        f"batch is left at the end of the loop, call backward on it too."
+    )
+    related = (cell_line(last.site),)
+    return Finding("unused-graph", message, line, related, holder, nbytes)
 
 
 def _unused_bytes(graph: RecordIndex, root: NodeRecord, unused: dict[int, NodeRecord]) -> int:
