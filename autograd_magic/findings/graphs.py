@@ -84,7 +84,11 @@ def _kept_alive_container(path: str, roots: list[NodeRecord], graph: RecordIndex
     nbytes = retained_bytes_of(graph.buffers_of(nodes, live=True))
     first = min(roots, key=lambda n: n.born_seq)
     line = cell_line(first.born_site)
-    saved = f", {format_bytes(nbytes)} of saved tensors" if nbytes else ""
+    saved = (
+        f", {format_bytes(nbytes)} of saved tensors"
+        if nbytes
+        else "; a backward already released their saved tensors, so only the nodes remain"
+    )
     what = (
         f"{len(roots)} tensors that still carry their autograd graphs"
         if len(roots) > 1
