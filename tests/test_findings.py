@@ -419,6 +419,21 @@ def test_a_running_sum_flushed_every_time_leaves_nothing(model):
     assert trace.findings == []
 
 
+def test_a_data_write_names_the_detached_copy_it_changed_and_not_the_clone():
+    """Seed 003: `c = a.detach()` follows `a.data *= 3`; `b = a.clone()` does not."""
+    with am.track() as trace:
+        a = torch.tensor(1.0, requires_grad=True)
+        b = a.clone()
+        c = a.detach()
+        a.data *= 3  # DATA_WRITE
+        b += 1
+    finding = only(trace, "shared-write")
+    assert finding.line == line_of("DATA_WRITE") and finding.holder == "a.data"
+    assert "also changed `c` (detach), which shares memory with `a.data`" in finding.message
+    assert "`b`" not in finding.message
+    assert c.item() == 3.0 and b.item() == 2.0
+
+
 def test_every_kind_is_documented_and_analyze_is_pure_over_json():
     x = torch.randn(5, requires_grad=True)
     with am.track() as trace:

@@ -60,22 +60,26 @@ def shared_write(trace: Trace, graph: RecordIndex) -> list[Finding]:
         how.update(group.how)
     findings, seen = [], set()
     for bump in trace.version_bumps:
-        key = (cell_line(bump.site), bump.label)
-        if not bump.sharers or "#" in bump.label or key in seen:
+        label, sharers = bump.label, bump.sharers
+        if bump.bypass and bump.bypassed and "#" in label:  # a write through `a.data`
+            label = f"{bump.bypassed}.data"
+            sharers = tuple(s for s in sharers if s != bump.bypassed)
+        key = (cell_line(bump.site), label)
+        if not sharers or "#" in label or key in seen:
             continue
         seen.add(key)
         others = ", ".join(
             f"`{s}`" + (f" ({how[s]})" if how.get(s, "original") != "original" else "")
-            for s in bump.sharers
+            for s in sharers
         )
         message = (
-            f"In-place `{bump.op}` on `{bump.label}` at line {key[0]}"
+            f"In-place `{bump.op}` on `{label}` at line {key[0]}"
             f"{quoted_source(bump.site)} also changed {others}, which "
-            f"{'share' if len(bump.sharers) > 1 else 'shares'} memory with `{bump.label}`. "
+            f"{'share' if len(sharers) > 1 else 'shares'} memory with `{label}`. "
             f"If the old values were "
             f"meant to stay, copy first with `.clone()` (tensors) or `.copy()` (NumPy arrays)."
         )
-        findings.append(Finding("shared-write", message, key[0], (), bump.label, 0))
+        findings.append(Finding("shared-write", message, key[0], (), label, 0))
     return findings
 
 
