@@ -37,6 +37,12 @@ def source_of(site: Site) -> str:
     return linecache.getline(site.file, site.line).strip()
 
 
+def quoted_code(site: Site) -> str:
+    """' (`code`)' for a site already described with its function line."""
+    text = source_of(site)
+    return f" (`{text}`)" if text else ""
+
+
 def quoted_source(site: Site) -> str:
     """' (`code`)' after a cell line; for code inside a function the quote says where it is,
     since the cell line (a call) and the quoted line differ."""

@@ -13,6 +13,7 @@ from autograd_magic.findings.common import (
     cell_line,
     format_bytes,
     line_list,
+    quoted_code,
     quoted_source,
     retained_bytes_of,
     source_of,
@@ -200,7 +201,7 @@ def retained_graph(trace: Trace, graph: RecordIndex) -> list[Finding]:
         keeper = f" as long as `{holder}` is alive" if holder else " until the graph is dropped"
         message = (
             f"backward(retain_graph=True) at {calls[-1].site.describe()}{times}"
-            f"{quoted_source(calls[-1].site)} kept "
+            f"{quoted_code(calls[-1].site)} kept "
             f"{format_bytes(nbytes)} of saved tensors ({len(kept)} buffers, saved at line "
             f"{line_list(cell_line(b.saved_site) for b in kept)}) that no later backward released; "
             f"they stay in memory{keeper}. If you backpropagate once, drop retain_graph=True; "
@@ -306,8 +307,8 @@ def _freed_twice_fix(
             "Pass retain_graph=True to the earlier backward, or sum the losses and call backward "
             "once."
         )
-    holders = [h for n in shared if (h := _holder_born_at(trace, graph, n.born_site))]
-    value = f"`{holders[-1]}`" if holders else "it"
+    holder = _widest_holder(trace, graph, shared)
+    value = f"`{holder}`" if holder else "it"
     lines = line_list({cell_line(n.born_site) for n in shared})
     return (
         f"The shared part was built once (line {lines}) and is reused by every later "
@@ -315,6 +316,25 @@ def _freed_twice_fix(
         f"{value} (or build it under `torch.no_grad()`); if one should, rebuild it before each "
         "backward."
     )
+
+
+def _widest_holder(trace: Trace, graph: RecordIndex, shared: list[NodeRecord]) -> str | None:
+    """The variable bound to a shared node with the most of the shared part beneath it."""
+    ids = {n.id for n in shared}
+    best, best_size = None, 0
+    for holder in trace.holders:
+        if holder.node_id not in ids:
+            continue
+        below, stack = set(), [holder.node_id]
+        while stack:
+            node_id = stack.pop()
+            node = graph.node(node_id)
+            if node_id in ids and node_id not in below and node is not None:
+                below.add(node_id)
+                stack.extend(node.next_ids)
+        if len(below) > best_size:
+            best, best_size = holder.path, len(below)
+    return best
 
 
 def _built_in_two_epochs(trace: Trace, graph: RecordIndex, site: Site) -> bool:
