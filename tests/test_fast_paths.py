@@ -1,0 +1,133 @@
+"""The recorder's per-op fast paths record exactly what its general paths record.
+
+The fast paths (ops of kind PLAIN, sites cached by instruction offset, one call per node born or
+freed) exist only for speed: turning them off must not change a single record.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import autograd_magic as am
+import autograd_magic.recorder as recorder_module
+from autograd_magic.records import Site
+from autograd_magic.sites import SiteFinder
+
+with open(__file__, encoding="utf-8") as _source:
+    _LINES = _source.read().splitlines()
+
+
+def line_of(marker: str) -> int:
+    """The 1-based line of this file that ends with the comment `# L:<marker>`."""
+    hits = [i for i, text in enumerate(_LINES, 1) if text.rstrip().endswith(f"# L:{marker}")]
+    assert len(hits) == 1, f"marker {marker!r} found {len(hits)} times"
+    return hits[0]
+
+
+class _NoFastOps(set):
+    """A `_PLAIN` set that stays empty: every op takes the general `_on_call` path."""
+
+    def add(self, item: object) -> None:
+        pass
+
+
+class _UncachedSites(SiteFinder):
+    """Sites found by walking and decoding the line table on every event (no offset cache)."""
+
+    def here(self, skip: int = 1) -> Site:
+        self._by_code.clear()
+        return super().here(skip + 1)
+
+
+def _workload() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, target = torch.randn(5, 6), torch.randn(5, 2)
+    w = torch.randn(4, requires_grad=True)
+    for _ in range(2):
+        y = w
+        for _ in range(3):
+            y = (y * 1.5 + 0.1).sin().tanh()
+        a, b = y.split(2)
+        (a.sum() + b.exp().sum()).backward()
+        loss = F.mse_loss(model(x), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    kept = (w * 2).relu()
+    del kept
+
+
+def _export(trace: am.Trace) -> dict:
+    document = json.loads(trace.to_json())
+    for buffer in document["buffers"]:
+        buffer["storage_key"] = 0  # a memory address: differs between runs
+    return document
+
+
+def _record() -> dict:
+    _workload()  # first-call effects (lazy imports, caches inside torch) happen untracked
+    with am.track() as trace:
+        _workload()
+    return _export(trace)
+
+
+def test_fast_op_path_records_the_same_as_the_general_path(gc_disabled, monkeypatch):
+    """GIVEN the same training code WHEN recorded with and without the per-op fast path
+    THEN every record, counter and timeline sample is the same."""
+    fast = _record()
+    monkeypatch.setattr(recorder_module, "_PLAIN", _NoFastOps())
+    general = _record()
+    assert general == fast
+
+
+def test_cached_sites_equal_uncached_sites(gc_disabled, monkeypatch):
+    """GIVEN the same code WHEN sites are cached by instruction offset or found afresh each time
+    THEN every record is the same."""
+    cached = _record()
+    monkeypatch.setattr(recorder_module, "SiteFinder", _UncachedSites)
+    uncached = _record()
+    assert uncached == cached
+
+
+def _helper(x: torch.Tensor) -> torch.Tensor:
+    return x.exp()  # L:helper
+
+
+def test_one_helper_called_from_two_lines_keeps_each_callers_line(gc_disabled):
+    """GIVEN a helper called from two lines (its frames may reuse one address) WHEN tracked
+    THEN each node has the helper's line and the line of the call that made it."""
+    x = torch.randn(3, requires_grad=True)
+    with am.track() as trace:
+        for _ in range(2):
+            a = _helper(x)  # L:first
+            b = _helper(x)  # L:second
+    sites = [n.born_site for n in trace.nodes if n.name == "ExpBackward0"]
+    assert [s.line for s in sites] == [line_of("helper")] * 4
+    assert [s.outer_line for s in sites] == [line_of("first"), line_of("second")] * 2
+    del a, b
+
+
+def test_nodes_freed_in_a_helper_get_the_callers_line(gc_disabled):
+    """GIVEN graphs dropped inside a helper called from two lines WHEN tracked THEN each death
+    has the line of the call that dropped it."""
+    x = torch.randn(3, requires_grad=True)
+    held = []
+
+    def drop() -> None:
+        held.pop()  # L:drop
+
+    with am.track() as trace:
+        held.append(x.exp())
+        drop()  # L:drop-first
+        held.append(x.sin())
+        drop()  # L:drop-second
+    freed = {n.name: n.freed_site for n in trace.nodes if n.name != "AccumulateGrad"}
+    assert freed["ExpBackward0"].line == line_of("drop")
+    assert freed["ExpBackward0"].outer_line == line_of("drop-first")
+    assert freed["SinBackward0"].outer_line == line_of("drop-second")
