@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from autograd_magic.trace import Trace
 
 NUMPY_WATCH_MAX_BYTES = 16 * 2**20
+_INPLACE_WHAT: dict[str, str] = {}  # op name -> its timeline label, built once per op
 PRUNE_EVERY = 4096
 
 
@@ -100,6 +101,8 @@ class AliasTracker:
         """Live buffers saved before the write on `tensor`'s memory: (those whose version check
         will now fail, those changed without their version moving)."""
         failing, silent = [], []
+        if self.trace._live_buffers <= 0:  # nothing saved is alive: no buffer to look up
+            return failing, silent
         for buffer_id, ref in list(self._live_saved.get(storage_of(tensor)[0], {}).items()):
             packed = ref()
             # Buffers with a later id were saved by the writing op itself (relu_ saves its output).
@@ -154,7 +157,10 @@ class AliasTracker:
             trace.version_bumps.append(bump)
         else:
             trace.dropped_events += 1
-        trace._sample(f"in-place {op}", site)
+        what = _INPLACE_WHAT.get(op)
+        if what is None:
+            what = _INPLACE_WHAT[op] = f"in-place {op}"
+        trace._sample(what, site)
         self._rebase_numpy_watches(tensor)
 
     def _rebase_numpy_watches(self, tensor: torch.Tensor) -> None:
@@ -272,7 +278,10 @@ class AliasTracker:
         trace = self.trace
         alive = self.registry.alive()
         trace.alive_at_end = set(alive.values())
-        names, complete = find_names(namespace, alive, budget_s, also)
+        if alive or also is not None:
+            names, complete = find_names(namespace, alive, budget_s, also)
+        else:  # nothing alive to name and no holder to look for: skip the walk
+            names, complete = {}, True
         for uid in list(trace.labels):
             trace.labels[uid] = names.get(uid, self.registry.op_labels.get(uid, trace.labels[uid]))
         if not complete:

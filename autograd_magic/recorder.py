@@ -179,7 +179,11 @@ class Recorder:
                     paths[tag.node_id] += 1
                     holders.append(Holder(path, tag.node_id))
 
-        self.aliases.resolve_labels(namespace, self._name_budget_s, also=note_holder)
+        # Holders keep a live graph root alive: with no live node there is none to find.
+        live = self.trace.live_nodes > 0
+        self.aliases.resolve_labels(
+            namespace, self._name_budget_s, also=note_holder if live else None
+        )
         from autograd_magic.findings import analyze
 
         self.trace.findings = analyze(self.trace)
@@ -351,8 +355,10 @@ class Recorder:
             buffer_id = self._next_buffer_id
             self._next_buffer_id = buffer_id + 1
             packed = PackedSaved(tensor, self._trace_ref, buffer_id, self._is_old(tensor))
-            packed.storage_key, storage_nbytes = storage_of(tensor)
             trace = self.trace
+            # Counted as soon as `packed` exists: its finalizer uncounts it.
+            trace._live_buffers += 1
+            packed.storage_key, storage_nbytes = storage_of(tensor)
             trace.seq += 1
             site = self._call_site
             if site is None:

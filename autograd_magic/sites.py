@@ -38,12 +38,16 @@ def is_library_file(filename: str) -> bool:
     return "site-packages" in parts and any(p in parts for p in _TOOLING_PACKAGES)
 
 
+# filename -> is_library_file(filename): a property of the file, shared by every recorder.
+_LIBRARY_FILES: dict[str, bool] = {}
+
+
 class SiteFinder:
     """Finds and interns the user's source position for the event being recorded."""
 
     def __init__(self, home_code: CodeType | None = None) -> None:
         self.home_code = home_code
-        self._library: dict[str, bool] = {}
+        self._library = _LIBRARY_FILES
         self._interned: dict[tuple[str, str, int, int | None], Site] = {}
         # id(code) -> (code, {position key: site}). An instruction offset maps to exactly one
         # line, so the key (the frame's offset, and the home frame's when the frame is not the
@@ -59,6 +63,8 @@ class SiteFinder:
             filename = frame.f_code.co_filename
             hit = library.get(filename)
             if hit is None:
+                if len(library) > 65_536:  # bounded: each notebook cell is a new file name
+                    library.clear()
                 hit = library[filename] = is_library_file(filename)
             if not hit:
                 break

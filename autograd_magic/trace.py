@@ -81,6 +81,7 @@ class Trace:
         self.peak_retained_bytes = 0
         self.nodes_created = 0
         self.buffers_saved = 0
+        self._live_buffers = 0  # packed objects autograd still holds (saved, not released)
         self._node_index: dict[int, NodeRecord] = {}
         self._buffer_index: dict[int, SavedBuffer] = {}
         self._storage_refs: dict[
@@ -266,6 +267,7 @@ class Trace:
 
     def _on_buffer_released(self, buffer_id: int, is_leaf: bool, storage_key: int) -> None:
         """Autograd let go of a saved buffer (called from the packed object's finalizer)."""
+        self._live_buffers -= 1
         call = self._active_backward
         if call is not None:
             site = call.site
