@@ -59,6 +59,13 @@ class _NumpyWatch:
         self.tensor_uid = tensor_uid
 
 
+def _refs(entry: Any) -> list[weakref.ref[PackedSaved]]:
+    """The weak references of one `_live_saved` entry (none, one, or a list)."""
+    if entry is None:
+        return []
+    return list(entry) if type(entry) is list else [entry]
+
+
 def _digest(array: Any) -> int:
     return zlib.crc32(array.tobytes())
 
@@ -71,7 +78,8 @@ class AliasTracker:
         self.sites = sites
         self.registry = ObjectRegistry()
         self._separate_counter: dict[int, int] = {}  # alias uid -> source uid (.data, NumPy)
-        self._live_saved: dict[int, dict[int, weakref.ref[PackedSaved]]] = {}
+        # storage key -> weak reference(s) to the live saved buffers on it, in saving order
+        self._live_saved: dict[int, Any] = {}
         self._watched = 0
         self._numpy_watches: list[_NumpyWatch] = []
         self._shared_with: dict[int, set[int]] = {}  # uid -> uids linked by shared memory
@@ -79,23 +87,31 @@ class AliasTracker:
     # ----- saved buffers on a storage ----------------------------------------------------
     def watch_saved(self, packed: PackedSaved) -> None:
         """Remember a live saved buffer by storage so in-place writes can be matched to it."""
+        # One weak reference per storage (most storages hold one saved buffer), a list of them
+        # for more: no dict per storage for the cycle collector to scan.
         table = self._live_saved
-        entries = table.get(packed.storage_key)
-        if entries is None:
-            entries = table[packed.storage_key] = {}
-        entries[packed.buffer_id] = weakref.ref(packed)
+        key = packed.storage_key
+        ref = weakref.ref(packed)
+        entry = table.get(key)
+        if entry is None:
+            table[key] = ref
+        elif type(entry) is list:
+            entry.append(ref)
+        else:
+            table[key] = [entry, ref]
         self._watched += 1
         if self._watched % PRUNE_EVERY == 0:
             self._prune_saved()
 
     def _prune_saved(self) -> None:
         """Drop entries of released buffers in bulk (cheaper than a callback per buffer)."""
-        for key in list(self._live_saved):
-            entries = {i: r for i, r in self._live_saved[key].items() if r() is not None}
-            if entries:
-                self._live_saved[key] = entries
+        table = self._live_saved
+        for key in list(table):
+            live = [r for r in _refs(table[key]) if r() is not None]
+            if not live:
+                del table[key]
             else:
-                del self._live_saved[key]
+                table[key] = live[0] if len(live) == 1 else live
 
     def _saved_on(self, tensor: torch.Tensor, saved_before: int) -> tuple[list[int], list[int]]:
         """Live buffers saved before the write on `tensor`'s memory: (those whose version check
@@ -103,13 +119,13 @@ class AliasTracker:
         failing, silent = [], []
         if self.trace._live_buffers <= 0:  # nothing saved is alive: no buffer to look up
             return failing, silent
-        for buffer_id, ref in list(self._live_saved.get(storage_of(tensor)[0], {}).items()):
+        for ref in _refs(self._live_saved.get(storage_of(tensor)[0])):
             packed = ref()
             # Buffers with a later id were saved by the writing op itself (relu_ saves its output).
-            if packed is None or buffer_id > saved_before:
+            if packed is None or packed.buffer_id > saved_before:
                 continue
             unchanged = packed.tensor._version == packed.version
-            (silent if unchanged else failing).append(buffer_id)
+            (silent if unchanged else failing).append(packed.buffer_id)
         return failing, silent
 
     # ----- in-place writes ---------------------------------------------------------------

@@ -283,9 +283,17 @@ class Recorder:
         self._next_node_id = node_id + 1
         metadata[key] = _NodeTag(self._trace_ref, node_id)
         site = self._call_site or self._sites.here(3)
-        self.trace._on_new_node(node_id, type(node).__name__, site, tuple(next_ids))
-        if self._unowned:
-            self._assign_buffers([(node, node_id, None)], mark, site)
+        trace = self.trace
+        trace._on_new_node(node_id, type(node).__name__, site, tuple(next_ids))
+        unowned = self._unowned
+        if unowned:
+            if mark == 0:
+                # Everything saved during this op, and one new node (an op's output node is
+                # never AccumulateGrad): it owns them all, as `_assign_buffers` would decide.
+                trace._on_buffers_owned(unowned, node_id)
+                unowned.clear()
+            else:
+                self._assign_buffers([(node, node_id, None)], mark, site)
         return True
 
     def _discover(self, roots: list[Any], mark: int) -> None:

@@ -84,9 +84,10 @@ class Trace:
         self._live_buffers = 0  # packed objects autograd still holds (saved, not released)
         self._node_index: dict[int, NodeRecord] = {}
         self._buffer_index: dict[int, SavedBuffer] = {}
-        self._storage_refs: dict[
-            int, list[int]
-        ] = {}  # storage key -> [live non-leaf buffers, bytes]
+        # Live non-leaf saved buffers per storage key, and that storage's bytes (two dicts of ints:
+        # no object per storage for the cycle collector to scan).
+        self._storage_counts: dict[int, int] = {}
+        self._storage_bytes: dict[int, int] = {}
         self._timeline_stride = 1
         self._active_backward: BackwardCall | None = None
         self._locate: Callable[[int], Site] | None = None
@@ -246,14 +247,16 @@ class Trace:
     def _on_buffer_saved(self, buffer: SavedBuffer, storage_key: int) -> None:
         self.buffers_saved += 1
         if not buffer.is_leaf:
-            ref = self._storage_refs.get(storage_key)
-            if ref is None:
-                self._storage_refs[storage_key] = [1, buffer.storage_nbytes]
+            counts = self._storage_counts
+            count = counts.get(storage_key)
+            if count is None:
+                counts[storage_key] = 1
+                self._storage_bytes[storage_key] = buffer.storage_nbytes
                 self.retained_bytes += buffer.storage_nbytes
                 if self.retained_bytes > self.peak_retained_bytes:
                     self.peak_retained_bytes = self.retained_bytes
             else:
-                ref[0] += 1
+                counts[storage_key] = count + 1
         if len(self.buffers) >= self.max_records:
             self.dropped_buffers += 1
             return
@@ -265,6 +268,13 @@ class Trace:
         if record is not None:
             record.node_id = node_id
 
+    def _on_buffers_owned(self, buffer_ids: list[int], node_id: int) -> None:
+        index = self._buffer_index
+        for buffer_id in buffer_ids:
+            record = index.get(buffer_id)
+            if record is not None:
+                record.node_id = node_id
+
     def _on_buffer_released(self, buffer_id: int, is_leaf: bool, storage_key: int) -> None:
         """Autograd let go of a saved buffer (called from the packed object's finalizer)."""
         self._live_buffers -= 1
@@ -275,14 +285,16 @@ class Trace:
             locate = self._locate
             site = UNKNOWN_SITE if locate is None else locate(2)
         if not is_leaf:
-            ref = self._storage_refs.get(storage_key)
-            if ref is not None:
-                ref[0] -= 1
-                if ref[0] == 0:
-                    del self._storage_refs[storage_key]
-                    self.retained_bytes -= ref[1]
-                    if call is not None:
-                        call.released_bytes += ref[1]
+            counts = self._storage_counts
+            count = counts.get(storage_key)
+            if count == 1:
+                del counts[storage_key]
+                nbytes = self._storage_bytes.pop(storage_key)
+                self.retained_bytes -= nbytes
+                if call is not None:
+                    call.released_bytes += nbytes
+            elif count is not None:
+                counts[storage_key] = count - 1
         self.seq = seq = self.seq + 1
         record = self._buffer_index.get(buffer_id)
         if record is not None:

@@ -131,3 +131,63 @@ def test_nodes_freed_in_a_helper_get_the_callers_line(gc_disabled):
     assert freed["ExpBackward0"].line == line_of("drop")
     assert freed["ExpBackward0"].outer_line == line_of("drop-first")
     assert freed["SinBackward0"].outer_line == line_of("drop-second")
+
+
+def test_live_buffer_count_follows_saves_and_releases(gc_disabled):
+    """GIVEN buffers saved then released by backward WHEN an in-place write follows THEN the
+    live count drops to zero and the write hits no buffer; a write while one is held hits it."""
+    x = torch.randn(4, requires_grad=True)
+    with am.track() as trace:
+        y = x * 1.0
+        z = y.exp()  # saves its output
+        assert trace._live_buffers == 1
+        with torch.no_grad():
+            z.add_(1.0)  # L:hit
+        alias = z.detach()
+        del z  # the graph dies: exp's saved output is released
+        assert trace._live_buffers == 0
+        with torch.no_grad():
+            alias.add_(1.0)  # L:released
+        with torch.no_grad():
+            y.add_(1.0)  # L:miss
+    hit, released, miss = trace.version_bumps
+    assert hit.line == line_of("hit") and hit.hit_buffers == (trace.buffers[0].id,)
+    assert released.line == line_of("released") and released.hit_buffers == ()
+    assert miss.line == line_of("miss") and miss.hit_buffers == ()
+
+
+def test_labels_and_holders_are_the_same_when_the_walk_is_skipped(gc_disabled):
+    """GIVEN a block that leaves nothing alive WHEN it ends THEN there are no holders and every
+    label is an op label; GIVEN one that keeps a graph THEN its holder is named."""
+    x = torch.randn(3, requires_grad=True)
+    with am.track() as empty:
+        (x.exp() * 2).sum().backward()
+    assert empty.holders == [] and empty.live_nodes == 0
+    assert not any(b.label for b in empty.version_bumps)
+    with am.track() as kept:
+        loss = (x.exp() * 2).sum()
+    assert [h.path for h in kept.holders] == ["loss"]
+    del loss
+
+
+def test_a_write_hits_every_live_buffer_on_its_storage_in_saving_order(gc_disabled):
+    """GIVEN two buffers saved on one storage (and others elsewhere, one released) WHEN that
+    storage is written in place THEN the write names both, in the order they were saved."""
+    x = torch.randn(4, requires_grad=True)
+    with am.track() as trace:
+        y = x * 1.0
+        a = y.sin()  # saves y
+        b = y.cos()  # saves y
+        c = y.exp().sum()  # saves the exp output, on another storage
+        d = y.tan()  # saves its output; released below
+        del d
+        with torch.no_grad():
+            y.add_(1.0)
+    saved_y = [buf.id for buf in trace.buffers if buf.node_id in _ids(trace, "Sin", "Cos")]
+    (bump,) = trace.version_bumps
+    assert len(saved_y) == 2 and bump.hit_buffers == tuple(saved_y)
+    del a, b, c
+
+
+def _ids(trace: am.Trace, *prefixes: str) -> set[int]:
+    return {n.id for n in trace.nodes if n.name.startswith(prefixes)}
