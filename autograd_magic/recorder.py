@@ -41,23 +41,27 @@ MAX_PATHS_PER_ROOT = 4
 _next_trace_number = 0
 
 
-class _NodeTag:
-    """Stored in `node.metadata`; released exactly when the C++ node is destroyed."""
+class _NodeTag(tuple):
+    """Stored in `node.metadata`; released exactly when the C++ node is destroyed.
 
-    __slots__ = ("node_id", "trace_ref")
+    A tuple `(trace_ref, node_id)`: made by tuple's own constructor, with no Python `__init__`
+    to run per node.
+    """
 
-    def __init__(self, trace_ref: weakref.ref[Trace], node_id: int) -> None:
-        self.trace_ref = trace_ref
-        self.node_id = node_id
+    __slots__ = ()
+
+    @property
+    def node_id(self) -> int:
+        return self[1]
 
     def __del__(self) -> None:
-        trace = self.trace_ref()
+        trace = self[0]()
         if trace is not None:
             # Never raise from a finalizer: it runs inside autograd. A bare try, not
             # contextlib.suppress: this runs once per node or buffer, and the context manager
             # costs more than the bookkeeping.
             try:  # noqa: SIM105
-                trace._on_node_died(self.node_id)
+                trace._on_node_died(self[1])
             except Exception:
                 pass
 
@@ -278,10 +282,10 @@ class Recorder:
                 tag = child.metadata.get(key)
                 if tag is None:
                     return False
-                next_ids.append(tag.node_id)
+                next_ids.append(tag[1])
         node_id = self._next_node_id
         self._next_node_id = node_id + 1
-        metadata[key] = _NodeTag(self._trace_ref, node_id)
+        metadata[key] = _NodeTag((self._trace_ref, node_id))
         site = self._call_site or self._sites.here(3)
         trace = self.trace
         trace._on_new_node(node_id, type(node).__name__, site, tuple(next_ids))
@@ -308,7 +312,7 @@ class Recorder:
                 continue
             node_id = self._next_node_id
             self._next_node_id += 1
-            metadata[key] = _NodeTag(trace_ref, node_id)
+            metadata[key] = _NodeTag((trace_ref, node_id))
             next_functions = node.next_functions
             found.append((node, node_id, next_functions))
             stack.extend(child for child, _ in next_functions if child is not None)
@@ -375,12 +379,13 @@ class Recorder:
                 if self._in_call:
                     self._call_site = site
             is_leaf = packed.is_leaf
+            dtype, device = tensor.dtype, tensor.device
             buffer = SavedBuffer(
                 buffer_id,
                 None,
                 _interned_shape(tensor),
-                _type_name(tensor.dtype),
-                _type_name(tensor.device),
+                _TYPE_NAMES.get(dtype) or _type_name(dtype),
+                _TYPE_NAMES.get(device) or _type_name(device),
                 packed.nbytes,
                 storage_nbytes,
                 is_leaf,

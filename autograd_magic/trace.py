@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 DEFAULT_MAX_RECORDS = 100_000
 DEFAULT_MAX_TIMELINE = 20_000
 NODES_CREATED = "nodes created"
+NODE_FREED = "node freed"
 
 
 class TimelineSample(NamedTuple):
@@ -41,6 +42,10 @@ class TimelineSample(NamedTuple):
     retained_bytes: int
     what: str
     line: int
+
+
+_SAMPLE = TimelineSample
+_new_sample = tuple.__new__
 
 
 class Trace:
@@ -236,13 +241,22 @@ class Trace:
         else:
             locate = self._locate
             site = UNKNOWN_SITE if locate is None else locate(2)
-        self.live_nodes -= 1
+        self.live_nodes = live = self.live_nodes - 1
         self.seq = seq = self.seq + 1
         record = self._node_index.get(node_id)
         if record is not None:
             record.freed_seq = seq
             record.freed_site = site
-        self._sample("node freed", site)
+        line = site.outer_line
+        if line is None:
+            line = site.line
+        if line == self._last_line and self._last_what == NODE_FREED:  # `_sample`'s run, inline
+            self._run_seq = seq
+            self._run_live = live
+            self._run_bytes = self.retained_bytes
+            self._run_open = True
+        else:
+            self._sample(NODE_FREED, site)
 
     def _on_buffer_saved(self, buffer: SavedBuffer, storage_key: int) -> None:
         self.buffers_saved += 1
@@ -319,8 +333,8 @@ class Trace:
     def _flush_run(self) -> None:
         if self._run_open:
             last = self._timeline[-1]
-            self._timeline[-1] = TimelineSample(
-                self._run_seq, self._run_live, self._run_bytes, last.what, last.line
+            self._timeline[-1] = _new_sample(
+                _SAMPLE, (self._run_seq, self._run_live, self._run_bytes, last.what, last.line)
             )
             self._run_open = False
 
@@ -339,9 +353,13 @@ class Trace:
             return
         if not force and self.seq % self._timeline_stride:
             return
-        self._flush_run()
+        if self._run_open:
+            self._flush_run()
         timeline = self._timeline
-        timeline.append(TimelineSample(self.seq, self.live_nodes, self.retained_bytes, what, line))
+        # tuple.__new__ directly: the NamedTuple's own __new__ is a Python function (per event).
+        timeline.append(
+            _new_sample(_SAMPLE, (self.seq, self.live_nodes, self.retained_bytes, what, line))
+        )
         self._last_what, self._last_line = what, line
         if len(timeline) >= self.max_timeline:
             self._thin_timeline()
