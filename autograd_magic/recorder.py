@@ -315,8 +315,10 @@ class Recorder:
             metadata[key] = _NodeTag((trace_ref, node_id))
             next_functions = node.next_functions
             found.append((node, node_id, next_functions))
-            stack.extend(child for child, _ in next_functions if child is not None)
-        site = self._sites.here(2)
+            for child, _ in next_functions:
+                if child is not None:
+                    stack.append(child)
+        site = self._call_site or self._sites.here(2)
         trace._next_seq()
         root_ids = {id(root) for root in roots}
         for node, node_id, next_functions in found:
@@ -328,7 +330,7 @@ class Recorder:
                 and node._sequence_nr() < self._sequence_start
             )
             next_ids = tuple(
-                child.metadata[key].node_id for child, _ in next_functions if child is not None
+                [child.metadata[key][1] for child, _ in next_functions if child is not None]
             )
             trace._on_node_born(node_id, name, site, existed, next_ids)
             if name == "CompiledFunctionBackward":

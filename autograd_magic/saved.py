@@ -140,10 +140,35 @@ def saved_attribute_names(node_type: type) -> tuple[str, ...]:
     return names
 
 
+# Node type -> the saved attributes worth touching: those seen holding no tensor (an int, a
+# Scalar, sizes) are dropped once seen, since a generated attribute's type never changes.
+_PROBED_ATTRS: dict[type, tuple[str, ...]] = {}
+
+
 def probe_saved(node: Any) -> None:
     """Touch each saved attribute of `node` so the unpack hook can see which buffers it owns."""
-    for name in saved_attribute_names(type(node)):
+    node_type = type(node)
+    names = _PROBED_ATTRS.get(node_type)
+    if names is None:
+        names = saved_attribute_names(node_type)
+    kept = []
+    for name in names:
         try:
-            getattr(node, name)
+            value = getattr(node, name)
         except Exception:
+            kept.append(name)
             continue
+        if not _holds_no_tensor(value):
+            kept.append(name)
+    if len(kept) != len(names) or node_type not in _PROBED_ATTRS:
+        _PROBED_ATTRS[node_type] = tuple(kept)
+
+
+def _holds_no_tensor(value: Any) -> bool:
+    """True for values that can never be (or hold) a saved tensor: numbers, sizes, dtypes.
+    None and empty sequences say nothing (an optional tensor, an empty tensor list)."""
+    if value is None or isinstance(value, torch.Tensor):
+        return False
+    if isinstance(value, (tuple, list)):
+        return bool(value) and not any(v is None or isinstance(v, torch.Tensor) for v in value)
+    return True

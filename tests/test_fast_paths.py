@@ -191,3 +191,33 @@ def test_a_write_hits_every_live_buffer_on_its_storage_in_saving_order(gc_disabl
 
 def _ids(trace: am.Trace, *prefixes: str) -> set[int]:
     return {n.id for n in trace.nodes if n.name.startswith(prefixes)}
+
+
+def test_saved_attribute_filter_keeps_every_attribute_that_may_hold_a_tensor():
+    """GIVEN values a saved attribute can return WHEN judged THEN only numbers, dtypes and
+    non-empty sequences without tensors are marked as never holding one."""
+    from autograd_magic.saved import _holds_no_tensor
+
+    assert _holds_no_tensor(1) and _holds_no_tensor(2.5) and _holds_no_tensor(torch.float32)
+    assert _holds_no_tensor((2, 4)) and _holds_no_tensor([1])
+    assert not _holds_no_tensor(None) and not _holds_no_tensor(torch.ones(1))
+    assert not _holds_no_tensor(()) and not _holds_no_tensor((None, 3))
+    assert not _holds_no_tensor((torch.ones(1),))
+
+
+def test_buffers_of_multi_node_ops_keep_their_owner_once_attributes_are_filtered(gc_disabled):
+    """GIVEN a Linear layer called in two blocks (the second probes only tensor attributes)
+    WHEN tracked THEN both blocks give each saved buffer to the same node kind."""
+    import autograd_magic.saved as saved_module
+
+    saved_module._PROBED_ATTRS.clear()
+    layer = nn.Linear(4, 3)
+    x = torch.randn(2, 4, requires_grad=True)
+    owners = []
+    for _ in range(2):
+        with am.track() as trace:
+            out = layer(x * 2)
+        names = {n.id: n.name for n in trace.nodes}
+        owners.append(sorted(names.get(b.node_id, "") for b in trace.buffers))
+        del out
+    assert owners[0] == owners[1] and owners[0].count("AddmmBackward0") >= 2
