@@ -480,8 +480,14 @@ def _type_name(value: Any) -> str:
 
 
 def _interned_shape(tensor: torch.Tensor) -> tuple[int, ...]:
-    shape = tuple(tensor.shape)
-    return _SHAPES.setdefault(shape, shape) if len(_SHAPES) < 65_536 else shape
+    size = tensor.shape
+    # A torch.Size hashes and compares as the tuple it holds: look it up before copying it.
+    shape = _SHAPES.get(size)
+    if shape is None:
+        shape = tuple(size)
+        if len(_SHAPES) < 65_536:
+            _SHAPES[shape] = shape
+    return shape
 
 
 def _current_sequence_nr() -> int:
