@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from autograd_magic.trace import Trace
 
 NUMPY_WATCH_MAX_BYTES = 16 * 2**20
+_INPLACE_WHAT: dict[str, str] = {}  # op name -> its timeline label, built once per op
 PRUNE_EVERY = 4096
 
 
@@ -58,6 +59,13 @@ class _NumpyWatch:
         self.tensor_uid = tensor_uid
 
 
+def _refs(entry: Any) -> list[weakref.ref[PackedSaved]]:
+    """The weak references of one `_live_saved` entry (none, one, or a list)."""
+    if entry is None:
+        return []
+    return list(entry) if type(entry) is list else [entry]
+
+
 def _digest(array: Any) -> int:
     return zlib.crc32(array.tobytes())
 
@@ -70,7 +78,8 @@ class AliasTracker:
         self.sites = sites
         self.registry = ObjectRegistry()
         self._separate_counter: dict[int, int] = {}  # alias uid -> source uid (.data, NumPy)
-        self._live_saved: dict[int, dict[int, weakref.ref[PackedSaved]]] = {}
+        # storage key -> weak reference(s) to the live saved buffers on it, in saving order
+        self._live_saved: dict[int, Any] = {}
         self._watched = 0
         self._numpy_watches: list[_NumpyWatch] = []
         self._shared_with: dict[int, set[int]] = {}  # uid -> uids linked by shared memory
@@ -78,35 +87,45 @@ class AliasTracker:
     # ----- saved buffers on a storage ----------------------------------------------------
     def watch_saved(self, packed: PackedSaved) -> None:
         """Remember a live saved buffer by storage so in-place writes can be matched to it."""
+        # One weak reference per storage (most storages hold one saved buffer), a list of them
+        # for more: no dict per storage for the cycle collector to scan.
         table = self._live_saved
-        entries = table.get(packed.storage_key)
-        if entries is None:
-            entries = table[packed.storage_key] = {}
-        entries[packed.buffer_id] = weakref.ref(packed)
+        key = packed.storage_key
+        ref = weakref.ref(packed)
+        entry = table.get(key)
+        if entry is None:
+            table[key] = ref
+        elif type(entry) is list:
+            entry.append(ref)
+        else:
+            table[key] = [entry, ref]
         self._watched += 1
         if self._watched % PRUNE_EVERY == 0:
             self._prune_saved()
 
     def _prune_saved(self) -> None:
         """Drop entries of released buffers in bulk (cheaper than a callback per buffer)."""
-        for key in list(self._live_saved):
-            entries = {i: r for i, r in self._live_saved[key].items() if r() is not None}
-            if entries:
-                self._live_saved[key] = entries
+        table = self._live_saved
+        for key in list(table):
+            live = [r for r in _refs(table[key]) if r() is not None]
+            if not live:
+                del table[key]
             else:
-                del self._live_saved[key]
+                table[key] = live[0] if len(live) == 1 else live
 
     def _saved_on(self, tensor: torch.Tensor, saved_before: int) -> tuple[list[int], list[int]]:
         """Live buffers saved before the write on `tensor`'s memory: (those whose version check
         will now fail, those changed without their version moving)."""
         failing, silent = [], []
-        for buffer_id, ref in list(self._live_saved.get(storage_of(tensor)[0], {}).items()):
+        if self.trace._live_buffers <= 0:  # nothing saved is alive: no buffer to look up
+            return failing, silent
+        for ref in _refs(self._live_saved.get(storage_of(tensor)[0])):
             packed = ref()
             # Buffers with a later id were saved by the writing op itself (relu_ saves its output).
-            if packed is None or buffer_id > saved_before:
+            if packed is None or packed.buffer_id > saved_before:
                 continue
             unchanged = packed.tensor._version == packed.version
-            (silent if unchanged else failing).append(buffer_id)
+            (silent if unchanged else failing).append(packed.buffer_id)
         return failing, silent
 
     # ----- in-place writes ---------------------------------------------------------------
@@ -154,7 +173,10 @@ class AliasTracker:
             trace.version_bumps.append(bump)
         else:
             trace.dropped_events += 1
-        trace._sample(f"in-place {op}", site)
+        what = _INPLACE_WHAT.get(op)
+        if what is None:
+            what = _INPLACE_WHAT[op] = f"in-place {op}"
+        trace._sample(what, site)
         self._rebase_numpy_watches(tensor)
 
     def _rebase_numpy_watches(self, tensor: torch.Tensor) -> None:
@@ -272,7 +294,10 @@ class AliasTracker:
         trace = self.trace
         alive = self.registry.alive()
         trace.alive_at_end = set(alive.values())
-        names, complete = find_names(namespace, alive, budget_s, also)
+        if alive or also is not None:
+            names, complete = find_names(namespace, alive, budget_s, also)
+        else:  # nothing alive to name and no holder to look for: skip the walk
+            names, complete = {}, True
         for uid in list(trace.labels):
             trace.labels[uid] = names.get(uid, self.registry.op_labels.get(uid, trace.labels[uid]))
         if not complete:

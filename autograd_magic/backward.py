@@ -17,6 +17,7 @@ from autograd_magic.records import BackwardCall
 if TYPE_CHECKING:
     from autograd_magic.recorder import Recorder
 
+_TENSOR_BACKWARD = torch.Tensor.backward
 BACKWARD_SIGNATURES = {
     torch.Tensor.backward: inspect.signature(torch.Tensor.backward),
     torch.autograd.backward: inspect.signature(torch.autograd.backward),
@@ -30,9 +31,12 @@ def run_backward(recorder: Recorder, func: Any, kind: OpKind, args: tuple, kwarg
     __tracebackhide__ = True
     trace = recorder.trace
     site = recorder._sites.here(2)
-    bound = BACKWARD_SIGNATURES[func].bind(*args, **kwargs)
-    create_graph = bool(bound.arguments.get("create_graph", False))
-    retain_graph = bound.arguments.get("retain_graph")
+    if func is _TENSOR_BACKWARD and len(args) == 1 and not kwargs:
+        arguments = {"self": args[0]}  # `loss.backward()`: what `bind` gives, without its cost
+    else:
+        arguments = BACKWARD_SIGNATURES[func].bind(*args, **kwargs).arguments
+    create_graph = bool(arguments.get("create_graph", False))
+    retain_graph = arguments.get("retain_graph")
     retain_graph = create_graph if retain_graph is None else bool(retain_graph)
     recorder.aliases.check_numpy_writes()
     call = BackwardCall(
@@ -46,7 +50,7 @@ def run_backward(recorder: Recorder, func: Any, kind: OpKind, args: tuple, kwarg
     reached: list[int] = []
     # Bookkeeping must never stop the user's backward.
     with contextlib.suppress(Exception):
-        reached = _reach(recorder, call, _backward_roots(bound.arguments))
+        reached = _reach(recorder, call, _backward_roots(arguments))
     trace._active_backward = call
     trace._sample("backward start", site, force=True)
     try:

@@ -9,7 +9,6 @@ exact death times without holding a reference to any node.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import threading
 import weakref
@@ -32,29 +31,39 @@ from autograd_magic.trace import Trace
 _ACCUMULATE = "AccumulateGrad"
 # What each torch function does depends only on the function: classified once per process.
 _KINDS: dict[Any, tuple[OpKind, str]] = {}
+_PLAIN: set[Any] = set()  # functions of kind PLAIN: the per-op fast path
 _TYPE_NAMES: dict[Any, str] = {}
 _SHAPES: dict[tuple[int, ...], tuple[int, ...]] = {}
 _is_compiling = torch.compiler.is_compiling
+_Tensor = torch.Tensor
 _HOOKS_CLASS = torch.autograd.graph.saved_tensors_hooks
 MAX_PATHS_PER_ROOT = 4
 _next_trace_number = 0
 
 
-class _NodeTag:
-    """Stored in `node.metadata`; released exactly when the C++ node is destroyed."""
+class _NodeTag(tuple):
+    """Stored in `node.metadata`; released exactly when the C++ node is destroyed.
 
-    __slots__ = ("node_id", "trace_ref")
+    A tuple `(trace_ref, node_id)`: made by tuple's own constructor, with no Python `__init__`
+    to run per node.
+    """
 
-    def __init__(self, trace_ref: weakref.ref[Trace], node_id: int) -> None:
-        self.trace_ref = trace_ref
-        self.node_id = node_id
+    __slots__ = ()
+
+    @property
+    def node_id(self) -> int:
+        return self[1]
 
     def __del__(self) -> None:
-        trace = self.trace_ref()
+        trace = self[0]()
         if trace is not None:
-            # Never raise from a finalizer: it runs inside autograd.
-            with contextlib.suppress(Exception):
-                trace._on_node_freed(self.node_id, trace._event_site())
+            # Never raise from a finalizer: it runs inside autograd. A bare try, not
+            # contextlib.suppress: this runs once per node or buffer, and the context manager
+            # costs more than the bookkeeping.
+            try:  # noqa: SIM105
+                trace._on_node_died(self[1])
+            except Exception:
+                pass
 
 
 class _RecorderMode(TorchFunctionMode):
@@ -68,7 +77,10 @@ class _RecorderMode(TorchFunctionMode):
             # bookkeeping is not traceable; tracing it breaks the graph and emits warnings).
             return func(*args, **(kwargs or {}))
         __tracebackhide__ = True  # IPython leaves the recorder out of the user's traceback
-        return self.recorder._on_call(func, args, kwargs or {})
+        recorder = self.recorder
+        if func in _PLAIN and not recorder._busy and not (kwargs and "out" in kwargs):
+            return recorder._on_plain(func, args, kwargs)
+        return recorder._on_call(func, args, kwargs or {})
 
 
 class Recorder:
@@ -171,7 +183,11 @@ class Recorder:
                     paths[tag.node_id] += 1
                     holders.append(Holder(path, tag.node_id))
 
-        self.aliases.resolve_labels(namespace, self._name_budget_s, also=note_holder)
+        # Holders keep a live graph root alive: with no live node there is none to find.
+        live = self.trace.live_nodes > 0
+        self.aliases.resolve_labels(
+            namespace, self._name_budget_s, also=note_holder if live else None
+        )
         from autograd_magic.findings import analyze
 
         self.trace.findings = analyze(self.trace)
@@ -183,6 +199,8 @@ class Recorder:
         entry = self._kinds.get(func)
         if entry is None:
             entry = self._kinds[func] = classify(func)
+            if entry[0] is OpKind.PLAIN:
+                _PLAIN.add(func)
         kind, name = entry
         if self._busy:
             return func(*args, **kwargs)
@@ -210,16 +228,40 @@ class Recorder:
                 self._busy -= 1
         return out
 
+    def _on_plain(self, func: Any, args: tuple, kwargs: dict | None) -> Any:
+        """`_on_call` for the common op (kind PLAIN, no `out=`), kept short: it runs per op."""
+        __tracebackhide__ = True
+        mark = len(self._unowned)
+        self._in_call = True
+        try:
+            out = func(*args, **kwargs) if kwargs else func(*args)
+            if type(out) is _Tensor or isinstance(out, _Tensor):
+                grad_fn = out.grad_fn
+                if grad_fn is not None:
+                    metadata = grad_fn.metadata
+                    if self._key not in metadata and not self._born_alone(grad_fn, metadata, mark):
+                        self._discover([grad_fn], mark)
+            elif isinstance(out, (tuple, list)):
+                self._register_outputs(out, mark)
+        finally:
+            self._in_call = False
+            self._call_site = None
+        if self.trace._listener is not None:
+            self._busy += 1
+            try:
+                self.trace._notify()
+            finally:
+                self._busy -= 1
+        return out
+
     def _register_outputs(self, out: Any, mark: int) -> None:
         key = self._key
         if isinstance(out, torch.Tensor):
             grad_fn = out.grad_fn
-            if (
-                grad_fn is not None
-                and key not in grad_fn.metadata
-                and not self._born_alone(grad_fn, mark)
-            ):
-                self._discover([grad_fn], mark)
+            if grad_fn is not None:
+                metadata = grad_fn.metadata
+                if key not in metadata and not self._born_alone(grad_fn, metadata, mark):
+                    self._discover([grad_fn], mark)
             return
         if isinstance(out, (tuple, list)):
             roots = []
@@ -231,7 +273,7 @@ class Recorder:
             if roots:
                 self._discover(roots, mark)
 
-    def _born_alone(self, node: Any, mark: int) -> bool:
+    def _born_alone(self, node: Any, metadata: dict, mark: int) -> bool:
         """Fast path for the common op: one new node whose inputs' nodes are all known."""
         key = self._key
         next_ids = []
@@ -240,18 +282,22 @@ class Recorder:
                 tag = child.metadata.get(key)
                 if tag is None:
                     return False
-                next_ids.append(tag.node_id)
+                next_ids.append(tag[1])
         node_id = self._next_node_id
-        self._next_node_id += 1
-        node.metadata[key] = _NodeTag(self._trace_ref, node_id)
+        self._next_node_id = node_id + 1
+        metadata[key] = _NodeTag((self._trace_ref, node_id))
         site = self._call_site or self._sites.here(3)
         trace = self.trace
-        trace._next_seq()
-        name = type(node).__name__
-        trace._on_node_born(node_id, name, site, False, tuple(next_ids))
-        trace._sample("nodes created", site)
-        if self._unowned:
-            self._assign_buffers([(node, node_id, None)], mark, site)
+        trace._on_new_node(node_id, type(node).__name__, site, tuple(next_ids))
+        unowned = self._unowned
+        if unowned:
+            if mark == 0:
+                # Everything saved during this op, and one new node (an op's output node is
+                # never AccumulateGrad): it owns them all, as `_assign_buffers` would decide.
+                trace._on_buffers_owned(unowned, node_id)
+                unowned.clear()
+            else:
+                self._assign_buffers([(node, node_id, None)], mark, site)
         return True
 
     def _discover(self, roots: list[Any], mark: int) -> None:
@@ -266,11 +312,13 @@ class Recorder:
                 continue
             node_id = self._next_node_id
             self._next_node_id += 1
-            metadata[key] = _NodeTag(trace_ref, node_id)
+            metadata[key] = _NodeTag((trace_ref, node_id))
             next_functions = node.next_functions
             found.append((node, node_id, next_functions))
-            stack.extend(child for child, _ in next_functions if child is not None)
-        site = self._sites.here(2)
+            for child, _ in next_functions:
+                if child is not None:
+                    stack.append(child)
+        site = self._call_site or self._sites.here(2)
         trace._next_seq()
         root_ids = {id(root) for root in roots}
         for node, node_id, next_functions in found:
@@ -282,7 +330,7 @@ class Recorder:
                 and node._sequence_nr() < self._sequence_start
             )
             next_ids = tuple(
-                child.metadata[key].node_id for child, _ in next_functions if child is not None
+                [child.metadata[key][1] for child, _ in next_functions if child is not None]
             )
             trace._on_node_born(node_id, name, site, existed, next_ids)
             if name == "CompiledFunctionBackward":
@@ -319,32 +367,36 @@ class Recorder:
         self._busy += 1
         try:
             buffer_id = self._next_buffer_id
-            self._next_buffer_id += 1
+            self._next_buffer_id = buffer_id + 1
             packed = PackedSaved(tensor, self._trace_ref, buffer_id, self._is_old(tensor))
-            packed.storage_key, storage_nbytes = storage_of(tensor)
             trace = self.trace
-            trace._next_seq()
+            # Counted as soon as `packed` exists: its finalizer uncounts it.
+            trace._live_buffers += 1
+            packed.storage_key, storage_nbytes = storage_of(tensor)
+            trace.seq += 1
             site = self._call_site
             if site is None:
                 site = self._sites.here(1)
                 # One stack walk per torch call, shared by the buffers it saves and its node.
                 if self._in_call:
                     self._call_site = site
+            is_leaf = packed.is_leaf
+            dtype, device = tensor.dtype, tensor.device
             buffer = SavedBuffer(
-                id=buffer_id,
-                node_id=None,
-                shape=_interned_shape(tensor),
-                dtype=_type_name(tensor.dtype),
-                device=_type_name(tensor.device),
-                nbytes=packed.nbytes,
-                storage_nbytes=storage_nbytes,
-                is_leaf=packed.is_leaf,
+                buffer_id,
+                None,
+                _interned_shape(tensor),
+                _TYPE_NAMES.get(dtype) or _type_name(dtype),
+                _TYPE_NAMES.get(device) or _type_name(device),
+                packed.nbytes,
+                storage_nbytes,
+                is_leaf,
                 # The leaf test first: Parameter's isinstance check is slow.
-                is_parameter=packed.is_leaf and isinstance(tensor, torch.nn.Parameter),
-                version=packed.version,
-                saved_seq=trace.seq,
-                saved_site=site,
-                storage_key=packed.storage_key,
+                is_leaf and isinstance(tensor, torch.nn.Parameter),
+                packed.version,
+                trace.seq,
+                site,
+                packed.storage_key,
             )
             trace._on_buffer_saved(buffer, packed.storage_key)
             self.aliases.watch_saved(packed)
@@ -428,8 +480,14 @@ def _type_name(value: Any) -> str:
 
 
 def _interned_shape(tensor: torch.Tensor) -> tuple[int, ...]:
-    shape = tuple(tensor.shape)
-    return _SHAPES.setdefault(shape, shape) if len(_SHAPES) < 65_536 else shape
+    size = tensor.shape
+    # A torch.Size hashes and compares as the tuple it holds: look it up before copying it.
+    shape = _SHAPES.get(size)
+    if shape is None:
+        shape = tuple(size)
+        if len(_SHAPES) < 65_536:
+            _SHAPES[shape] = shape
+    return shape
 
 
 def _current_sequence_nr() -> int:

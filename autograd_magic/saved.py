@@ -7,7 +7,6 @@ Two traps (see NOTES.md) shape this module: the packed object keeps `t.detach()`
 
 from __future__ import annotations
 
-import contextlib
 import re
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -45,13 +44,18 @@ class PackedSaved:
         # alive with the graph) but only the data of a saved output. Doing the same keeps every
         # freeing moment unchanged; `keep_original` is only set when `tensor.grad_fn` cannot be
         # the node being built, so the output cycle of trap 1 cannot form.
-        self.tensor = tensor if keep_original else tensor.detach()
         self.version = tensor._version
         self.trace_ref = trace_ref
         self.buffer_id = buffer_id
-        grad_fn = tensor.grad_fn
-        self.grad_fn_name = None if grad_fn is None else grad_fn.name()
-        self.output_nr = None if keep_original else tensor.output_nr
+        if keep_original:
+            self.tensor = tensor
+            # The error message names a kept tensor's producer as it is then (see below).
+            self.grad_fn_name = self.output_nr = None
+        else:
+            self.tensor = tensor.detach()
+            grad_fn = tensor.grad_fn
+            self.grad_fn_name = None if grad_fn is None else grad_fn.name()
+            self.output_nr = tensor.output_nr
         # A view of a parameter (addmm saves `weight.t()`) lives on the parameter's memory, which
         # the graph's death does not free: count it with the leaves.
         self.is_leaf = tensor.is_leaf or (tensor._is_view() and tensor._base.is_leaf)
@@ -61,11 +65,13 @@ class PackedSaved:
     def __del__(self) -> None:
         trace = self.trace_ref()
         if trace is not None:
-            # Never raise from a finalizer: it runs inside autograd.
-            with contextlib.suppress(Exception):
-                trace._on_buffer_released(
-                    self.buffer_id, self.is_leaf, self.storage_key, self.nbytes, trace._event_site()
-                )
+            # Never raise from a finalizer: it runs inside autograd. A bare try, not
+            # contextlib.suppress: this runs once per node or buffer, and the context manager
+            # costs more than the bookkeeping.
+            try:  # noqa: SIM105
+                trace._on_buffer_released(self.buffer_id, self.is_leaf, self.storage_key)
+            except Exception:
+                pass
 
     def checked_tensor(self) -> torch.Tensor:
         """The saved value, raising PyTorch's own error if it was modified in place since saving."""
@@ -134,10 +140,35 @@ def saved_attribute_names(node_type: type) -> tuple[str, ...]:
     return names
 
 
+# Node type -> the saved attributes worth touching: those seen holding no tensor (an int, a
+# Scalar, sizes) are dropped once seen, since a generated attribute's type never changes.
+_PROBED_ATTRS: dict[type, tuple[str, ...]] = {}
+
+
 def probe_saved(node: Any) -> None:
     """Touch each saved attribute of `node` so the unpack hook can see which buffers it owns."""
-    for name in saved_attribute_names(type(node)):
+    node_type = type(node)
+    names = _PROBED_ATTRS.get(node_type)
+    if names is None:
+        names = saved_attribute_names(node_type)
+    kept = []
+    for name in names:
         try:
-            getattr(node, name)
+            value = getattr(node, name)
         except Exception:
+            kept.append(name)
             continue
+        if not _holds_no_tensor(value):
+            kept.append(name)
+    if len(kept) != len(names) or node_type not in _PROBED_ATTRS:
+        _PROBED_ATTRS[node_type] = tuple(kept)
+
+
+def _holds_no_tensor(value: Any) -> bool:
+    """True for values that can never be (or hold) a saved tensor: numbers, sizes, dtypes.
+    None and empty sequences say nothing (an optional tensor, an empty tensor list)."""
+    if value is None or isinstance(value, torch.Tensor):
+        return False
+    if isinstance(value, (tuple, list)):
+        return bool(value) and not any(v is None or isinstance(v, torch.Tensor) for v in value)
+    return True

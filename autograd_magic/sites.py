@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
-from types import CodeType, TracebackType
+from types import CodeType, FrameType, TracebackType
 
 import torch
 
@@ -38,14 +38,22 @@ def is_library_file(filename: str) -> bool:
     return "site-packages" in parts and any(p in parts for p in _TOOLING_PACKAGES)
 
 
+# filename -> is_library_file(filename): a property of the file, shared by every recorder.
+_LIBRARY_FILES: dict[str, bool] = {}
+
+
 class SiteFinder:
     """Finds and interns the user's source position for the event being recorded."""
 
     def __init__(self, home_code: CodeType | None = None) -> None:
         self.home_code = home_code
-        self._library: dict[str, bool] = {}
+        self._library = _LIBRARY_FILES
         self._interned: dict[tuple[str, str, int, int | None], Site] = {}
-        self._home_sites: dict[int, Site] = {}
+        # id(code) -> (code, {position key: site}). An instruction offset maps to exactly one
+        # line, so the key (the frame's offset, and the home frame's when the frame is not the
+        # home code) gives the site without decoding line tables. The entry keeps the code
+        # object (never user data), so its id cannot be reused while cached.
+        self._by_code: dict[int, tuple[CodeType, dict[int, Site]]] = {}
 
     def here(self, skip: int = 1) -> Site:
         """The site of the calling event, looked up `skip` frames above this call."""
@@ -55,6 +63,8 @@ class SiteFinder:
             filename = frame.f_code.co_filename
             hit = library.get(filename)
             if hit is None:
+                if len(library) > 65_536:  # bounded: each notebook cell is a new file name
+                    library.clear()
                 hit = library[filename] = is_library_file(filename)
             if not hit:
                 break
@@ -62,26 +72,36 @@ class SiteFinder:
         if frame is None:
             return UNKNOWN_SITE
         code = frame.f_code
-        line = frame.f_lineno
         home = self.home_code
-        if code is home:
-            # The common case (an op on a line of the traced code itself): no key to build.
-            by_line = self._home_sites
-            site = by_line.get(line)
-            if site is None:
-                site = by_line[line] = Site(code.co_filename, line, code.co_name, None)
-            return site
         outer = None
-        if home is not None:
-            outer_frame = frame.f_back
-            while outer_frame is not None and outer_frame.f_code is not home:
-                outer_frame = outer_frame.f_back
-            if outer_frame is not None:
-                outer = outer_frame.f_lineno
-        key = (code.co_filename, code.co_name, line, outer)
+        if code is home:
+            key = frame.f_lasti
+        else:
+            if home is not None:
+                outer = frame.f_back
+                while outer is not None and outer.f_code is not home:
+                    outer = outer.f_back
+            # Offsets are below 2**31: one int holds both (0: no outer frame).
+            key = frame.f_lasti << 32 | (0 if outer is None else outer.f_lasti + 1)
+        entry = self._by_code.get(id(code))
+        if entry is None or entry[0] is not code:
+            entry = self._by_code[id(code)] = (code, {})
+        site = entry[1].get(key)
+        if site is None:
+            site = entry[1][key] = self._intern(frame, outer)
+        return site
+
+    def _intern(self, frame: FrameType, outer: FrameType | None) -> Site:
+        code = frame.f_code
+        key = (
+            code.co_filename,
+            code.co_name,
+            frame.f_lineno,
+            None if outer is None else outer.f_lineno,
+        )
         site = self._interned.get(key)
         if site is None:
-            site = self._interned[key] = Site(key[0], key[2], key[1], outer)
+            site = self._interned[key] = Site(key[0], key[2], key[1], key[3])
         return site
 
 

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_RECORDS = 100_000
 DEFAULT_MAX_TIMELINE = 20_000
+NODES_CREATED = "nodes created"
+NODE_FREED = "node freed"
 
 
 class TimelineSample(NamedTuple):
@@ -40,6 +42,10 @@ class TimelineSample(NamedTuple):
     retained_bytes: int
     what: str
     line: int
+
+
+_SAMPLE = TimelineSample
+_new_sample = tuple.__new__
 
 
 class Trace:
@@ -56,6 +62,8 @@ class Trace:
         self._timeline: list[TimelineSample] = []
         self._run_open = False
         self._run_seq = self._run_live = self._run_bytes = 0
+        self._last_what: str | None = None
+        self._last_line: int | None = None
         self.findings: list[Finding] = []
         self.blindspots: list[Blindspot] = []
         self.holders: list[Holder] = []
@@ -78,11 +86,13 @@ class Trace:
         self.peak_retained_bytes = 0
         self.nodes_created = 0
         self.buffers_saved = 0
+        self._live_buffers = 0  # packed objects autograd still holds (saved, not released)
         self._node_index: dict[int, NodeRecord] = {}
         self._buffer_index: dict[int, SavedBuffer] = {}
-        self._storage_refs: dict[
-            int, list[int]
-        ] = {}  # storage key -> [live non-leaf buffers, bytes]
+        # Live non-leaf saved buffers per storage key, and that storage's bytes (two dicts of ints:
+        # no object per storage for the cycle collector to scan).
+        self._storage_counts: dict[int, int] = {}
+        self._storage_bytes: dict[int, int] = {}
         self._timeline_stride = 1
         self._active_backward: BackwardCall | None = None
         self._locate: Callable[[int], Site] | None = None
@@ -184,15 +194,6 @@ class Trace:
         self.seq += 1
         return self.seq
 
-    def _event_site(self) -> Site:
-        """Where the current event happens: the backward call while one runs (engine threads
-        have no user frame), else the user's line."""
-        call = self._active_backward
-        if call is not None:
-            return call.site
-        locate = self._locate
-        return UNKNOWN_SITE if locate is None else locate(2)
-
     def _on_node_born(
         self, node_id: int, name: str, site: Site, existed_before: bool, next_ids: tuple[int, ...]
     ) -> None:
@@ -207,26 +208,69 @@ class Trace:
         self.nodes.append(record)
         self._node_index[node_id] = record
 
-    def _on_node_freed(self, node_id: int, site: Site) -> None:
-        self.live_nodes -= 1
+    def _on_new_node(self, node_id: int, name: str, site: Site, next_ids: tuple[int, ...]) -> None:
+        """The node an op just made (the per-op path): a new sequence number, the record, and
+        the timeline. Same as `_next_seq`, `_on_node_born` and `_sample`, in one call."""
+        self.seq = seq = self.seq + 1
+        self.nodes_created += 1
+        self.live_nodes = live = self.live_nodes + 1
+        if live > self.peak_live_nodes:
+            self.peak_live_nodes = live
+        if len(self.nodes) < self.max_records:
+            record = NodeRecord(node_id, name, seq, site, next_ids)
+            self.nodes.append(record)
+            self._node_index[node_id] = record
+        else:
+            self.dropped_nodes += 1
+        line = site.outer_line
+        if line is None:
+            line = site.line
+        if line == self._last_line and self._last_what == NODES_CREATED:
+            self._run_seq = seq
+            self._run_live = live
+            self._run_bytes = self.retained_bytes
+            self._run_open = True
+        else:
+            self._sample(NODES_CREATED, site)
+
+    def _on_node_died(self, node_id: int) -> None:
+        """A tagged node was destroyed (called from its tag's finalizer)."""
+        call = self._active_backward
+        if call is not None:
+            site = call.site
+        else:
+            locate = self._locate
+            site = UNKNOWN_SITE if locate is None else locate(2)
+        self.live_nodes = live = self.live_nodes - 1
+        self.seq = seq = self.seq + 1
         record = self._node_index.get(node_id)
-        seq = self._next_seq()
         if record is not None:
             record.freed_seq = seq
             record.freed_site = site
-        self._sample("node freed", site)
+        line = site.outer_line
+        if line is None:
+            line = site.line
+        if line == self._last_line and self._last_what == NODE_FREED:  # `_sample`'s run, inline
+            self._run_seq = seq
+            self._run_live = live
+            self._run_bytes = self.retained_bytes
+            self._run_open = True
+        else:
+            self._sample(NODE_FREED, site)
 
     def _on_buffer_saved(self, buffer: SavedBuffer, storage_key: int) -> None:
         self.buffers_saved += 1
         if not buffer.is_leaf:
-            ref = self._storage_refs.get(storage_key)
-            if ref is None:
-                self._storage_refs[storage_key] = [1, buffer.storage_nbytes]
+            counts = self._storage_counts
+            count = counts.get(storage_key)
+            if count is None:
+                counts[storage_key] = 1
+                self._storage_bytes[storage_key] = buffer.storage_nbytes
                 self.retained_bytes += buffer.storage_nbytes
                 if self.retained_bytes > self.peak_retained_bytes:
                     self.peak_retained_bytes = self.retained_bytes
             else:
-                ref[0] += 1
+                counts[storage_key] = count + 1
         if len(self.buffers) >= self.max_records:
             self.dropped_buffers += 1
             return
@@ -238,20 +282,34 @@ class Trace:
         if record is not None:
             record.node_id = node_id
 
-    def _on_buffer_released(
-        self, buffer_id: int, is_leaf: bool, storage_key: int, nbytes: int, site: Site
-    ) -> None:
+    def _on_buffers_owned(self, buffer_ids: list[int], node_id: int) -> None:
+        index = self._buffer_index
+        for buffer_id in buffer_ids:
+            record = index.get(buffer_id)
+            if record is not None:
+                record.node_id = node_id
+
+    def _on_buffer_released(self, buffer_id: int, is_leaf: bool, storage_key: int) -> None:
+        """Autograd let go of a saved buffer (called from the packed object's finalizer)."""
+        self._live_buffers -= 1
         call = self._active_backward
+        if call is not None:
+            site = call.site
+        else:
+            locate = self._locate
+            site = UNKNOWN_SITE if locate is None else locate(2)
         if not is_leaf:
-            ref = self._storage_refs.get(storage_key)
-            if ref is not None:
-                ref[0] -= 1
-                if ref[0] == 0:
-                    del self._storage_refs[storage_key]
-                    self.retained_bytes -= ref[1]
-                    if call is not None:
-                        call.released_bytes += ref[1]
-        seq = self._next_seq()
+            counts = self._storage_counts
+            count = counts.get(storage_key)
+            if count == 1:
+                del counts[storage_key]
+                nbytes = self._storage_bytes.pop(storage_key)
+                self.retained_bytes -= nbytes
+                if call is not None:
+                    call.released_bytes += nbytes
+            elif count is not None:
+                counts[storage_key] = count - 1
+        self.seq = seq = self.seq + 1
         record = self._buffer_index.get(buffer_id)
         if record is not None:
             record.freed_seq = seq
@@ -270,31 +328,39 @@ class Trace:
     def timeline(self, samples: list[TimelineSample]) -> None:
         self._timeline = list(samples)
         self._run_open = False
+        self._remember_last()
 
     def _flush_run(self) -> None:
         if self._run_open:
             last = self._timeline[-1]
-            self._timeline[-1] = TimelineSample(
-                self._run_seq, self._run_live, self._run_bytes, last.what, last.line
+            self._timeline[-1] = _new_sample(
+                _SAMPLE, (self._run_seq, self._run_live, self._run_bytes, last.what, last.line)
             )
             self._run_open = False
 
     def _sample(self, what: str, site: Site, force: bool = False) -> None:
         """Record the state after an event; a run of the same event on one line folds into one
         sample (kept as three ints until the run ends: no allocation per op)."""
-        timeline = self._timeline
         # The traced code's own line (the cell line), also for events inside a user's forward.
-        line = site.line if site.outer_line is None else site.outer_line
-        if not force and timeline:
-            last = timeline[-1]
-            if last.what == what and last.line == line:
-                self._run_seq, self._run_live = self.seq, self.live_nodes
-                self._run_bytes, self._run_open = self.retained_bytes, True
-                return
+        line = site.outer_line
+        if line is None:
+            line = site.line
+        if not force and what == self._last_what and line == self._last_line:
+            self._run_seq = self.seq
+            self._run_live = self.live_nodes
+            self._run_bytes = self.retained_bytes
+            self._run_open = True
+            return
         if not force and self.seq % self._timeline_stride:
             return
-        self._flush_run()
-        timeline.append(TimelineSample(self.seq, self.live_nodes, self.retained_bytes, what, line))
+        if self._run_open:
+            self._flush_run()
+        timeline = self._timeline
+        # tuple.__new__ directly: the NamedTuple's own __new__ is a Python function (per event).
+        timeline.append(
+            _new_sample(_SAMPLE, (self.seq, self.live_nodes, self.retained_bytes, what, line))
+        )
+        self._last_what, self._last_line = what, line
         if len(timeline) >= self.max_timeline:
             self._thin_timeline()
 
@@ -304,3 +370,10 @@ class Trace:
         kept = [s for i, s in enumerate(self._timeline) if i % 2 == 0 or "backward" in s.what]
         self._timeline[:] = kept
         self._timeline_stride *= 2
+        self._remember_last()
+
+    def _remember_last(self) -> None:
+        """What and where the last sample was: the next event of the same kind there joins it."""
+        last = self._timeline[-1] if self._timeline else None
+        self._last_what = None if last is None else last.what
+        self._last_line = None if last is None else last.line
