@@ -442,12 +442,17 @@ def _unused_finding(
         return Finding("unused-graph", message, line, (), None, peak)
     freed_at = Counter(cell_line(r.freed_site) for r in freed if r.freed_site is not None)
     where = freed_at.most_common(1)[0][0] if freed_at else None
+    many = len(roots) > 1
     when = (
-        f", most at line {where}, when the value holding it was rebound or dropped" if where else ""
+        f", {'most ' if many else ''}at line {where}, when the value holding it was rebound or "
+        "dropped"
+        if where
+        else ""
     )
     message = (
-        f"{len(roots)} graph{'s' if len(roots) > 1 else ''} built at line {line}"
-        f"{quoted_source(site)} never reached a backward; each was freed with its output{when}, "
+        f"{len(roots)} graph{'s' if many else ''} built at line {line}"
+        f"{quoted_source(site)} never reached a backward; {'each' if many else 'it'} was freed "
+        f"with its output{when}, "
         f"holding up to {format_bytes(peak)} of saved tensors until then. If you only need "
         f"those values, compute them under `torch.no_grad()`."
     )
