@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 import linecache
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 
 from autograd_magic.records import NodeRecord, SavedBuffer, Site
 from autograd_magic.trace import Trace
@@ -78,6 +78,19 @@ class RecordIndex:
             if node is None or node.id in seen or not node.alive:
                 continue
             seen.add(node.id)
+            stack.extend(node.next_ids)
+        return seen
+
+    def reach_within(self, root_id: int, allowed: Container[int]) -> set[int]:
+        """Ids of the nodes in `allowed` reachable from `root_id` through nodes in `allowed`."""
+        seen: set[int] = set()
+        stack = [root_id]
+        while stack:
+            node_id = stack.pop()
+            node = self.trace.node(node_id) if node_id in allowed else None
+            if node is None or node_id in seen:
+                continue
+            seen.add(node_id)
             stack.extend(node.next_ids)
         return seen
 

@@ -325,13 +325,7 @@ def _widest_holder(trace: Trace, graph: RecordIndex, shared: list[NodeRecord]) -
     for holder in trace.holders:
         if holder.node_id not in ids:
             continue
-        below, stack = set(), [holder.node_id]
-        while stack:
-            node_id = stack.pop()
-            node = graph.node(node_id)
-            if node_id in ids and node_id not in below and node is not None:
-                below.add(node_id)
-                stack.extend(node.next_ids)
+        below = graph.reach_within(holder.node_id, ids)
         if len(below) > best_size:
             best, best_size = holder.path, len(below)
     return best
@@ -392,39 +386,24 @@ def _leftover_finding(
     # Only a running sum (`total_loss += loss`, an add chain on one line) is a leftover.
     if holder is None or root.name != _ADD or len(chain) < 2:
         return None
-    part: set[int] = set()
-    stack = [root.id]
-    while stack:
-        node_id = stack.pop()
-        if node_id not in part and node_id in unused:
-            part.add(node_id)
-            stack.extend(unused[node_id].next_ids)
-    results = len(chain)
+    part = graph.reach_within(root.id, unused)
     nbytes = retained_bytes_of(graph.buffers_of(part, live=True))
     line = cell_line(root.born_site)
     last = trace.backward_calls[-1]
     message = (
-        f"`{holder}` still holds {results} result{'s' if results > 1 else ''} of line {line}"
+        f"`{holder}` still holds {len(chain)} results of line {line}"
         f"{quoted_source(root.born_site)} made after the last backward (line "
-        f"{cell_line(last.site)}): no backward used {'them' if results > 1 else 'it'}, so "
-        f"{'they add' if results > 1 else 'it adds'} nothing to the gradients "
+        f"{cell_line(last.site)}): no backward used them, so they add nothing to the gradients "
         f"({len(part)} nodes{', ' + format_bytes(nbytes) + ' saved' if nbytes else ''}) and "
-        f"{'are' if results > 1 else 'is'} dropped when `{holder}` is rebound. If a partial "
-        f"batch is left at the end of the loop, call backward on it too."
+        f"are dropped when `{holder}` is rebound. If a partial batch is left at the end of the "
+        f"loop, call backward on it too."
     )
     related = (cell_line(last.site),)
     return Finding("unused-graph", message, line, related, holder, nbytes)
 
 
 def _unused_bytes(graph: RecordIndex, root: NodeRecord, unused: dict[int, NodeRecord]) -> int:
-    seen, stack = set(), [root.id]
-    while stack:
-        node_id = stack.pop()
-        if node_id in seen or node_id not in unused:
-            continue
-        seen.add(node_id)
-        stack.extend(unused[node_id].next_ids)
-    return retained_bytes_of(graph.buffers_of(seen, live=False))
+    return retained_bytes_of(graph.buffers_of(graph.reach_within(root.id, unused), live=False))
 
 
 def _unused_finding(
