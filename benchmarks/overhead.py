@@ -22,8 +22,9 @@ def _profiler(device: str) -> torch.profiler.profile:
 
 
 def variants(workload: Workload, steps: int) -> dict[str, Callable[[], None]]:
-    """The three ways to run `steps` steps: bare, each under its own `track()` block, each under
-    its own torch.profiler (one step per block, as a cell holding one step would be)."""
+    """The ways to run `steps` steps: bare; each under its own `track()` block and each under its
+    own torch.profiler (one step per block, as a cell holding one step would be: the verdict);
+    and all in one `track()` block, as a cell holding a training loop would be."""
     step = workload.step
 
     def untracked() -> None:
@@ -40,14 +41,24 @@ def variants(workload: Workload, steps: int) -> dict[str, Callable[[], None]]:
             with _profiler(workload.device):
                 step()
 
-    return {"untracked": untracked, "tracked": tracked, "profiler": profiled}
+    def tracked_loop() -> None:
+        with autograd_magic.track():
+            for _ in range(steps):
+                step()
+
+    return {
+        "untracked": untracked,
+        "tracked": tracked,
+        "profiler": profiled,
+        "tracked_loop": tracked_loop,
+    }
 
 
 def measure(workload: Workload, rounds: int, warmup: int, steps: int = 1) -> Row:
     """Interleave the variants; the row shows each ratio's median and spread."""
     times = interleave(variants(workload, steps), rounds, warmup)
     found = ratios(times, "untracked")
-    ours, peer = found["tracked"], found["profiler"]
+    ours, peer, loop = found["tracked"], found["profiler"], found["tracked_loop"]
     base_ms = sorted(times["untracked"])[len(times["untracked"]) // 2] * 1e3 / steps
     limit = RATIO_TARGETS[workload.key]
     return Row(
@@ -62,6 +73,8 @@ def measure(workload: Workload, rounds: int, warmup: int, steps: int = 1) -> Row
             f"{steps} step(s) per timed sample, each in its own tracked/profiled block",
             f"tracked min-max {ours.low:.2f}-{ours.high:.2f}x; "
             f"torch.profiler min-max {peer.low:.2f}-{peer.high:.2f}x",
+            f"the same {steps} step(s) in one tracked block (a cell holding the loop): "
+            f"{loop.describe()}",
         ],
         ratio=ours.median,
         peer_ratio=peer.median,
