@@ -53,6 +53,7 @@ _MARKS = {
     "note": "border-left:4px solid var(--jp-border-color1,#999);padding-left:6px",
 }
 _FLAG = "color:var(--jp-warn-color1,#e65100);font-weight:bold"
+TIMELINE_COST_GUESS_S = 0.03  # a timeline figure takes tens of milliseconds to draw
 STATIC_TABLE_ROWS = 20  # saved notebook outputs stay small; the widget shows more
 _TAB_NAMES = ("Timeline", "Graph", "Buffers", "Storage", "Versions")
 
@@ -67,7 +68,7 @@ class TracePanel:
     """
 
     def __init__(
-        self, trace: Trace, max_nodes: int = DEFAULT_MAX_NODES, live_budget: float = 0.05
+        self, trace: Trace, max_nodes: int = DEFAULT_MAX_NODES, live_budget: float = 0.04
     ) -> None:
         self.trace = trace
         self.max_nodes = max_nodes
@@ -79,7 +80,7 @@ class TracePanel:
         self._tables: list[tuple[Table, int | None]] = []
         self._started = time.monotonic()
         self._spent = 0.0
-        self._timeline_cost = 0.0
+        self._timeline_cost = TIMELINE_COST_GUESS_S  # until one is drawn
         html_widget = widgets.HTML
         self.status, self.summary, self.findings = html_widget(), html_widget(), html_widget()
         self.timeline_image = widgets.Image(format="png", layout={"max_width": "100%"})
@@ -111,7 +112,8 @@ class TracePanel:
     def live_update(self, trace: Trace) -> None:
         """Listener for `Trace.listen`: refresh the numbers, and the timeline when affordable.
 
-        All live work is kept to `live_budget` of the cell's run time so far (5%): a refresh
+        All live work is kept to `live_budget` of the cell's run time so far (4%: the rest of the
+        5% budget is the listener check on each torch call and the messages): a refresh
         that would exceed it is skipped, and the timeline (tens of milliseconds to draw) is
         redrawn only when its last cost still fits.
         """
@@ -138,8 +140,9 @@ class TracePanel:
         ]
         if timeline:
             start = time.monotonic()
-            self._timeline_png = figure_png(timeline_figure(trace))
-            self._timeline_cost = time.monotonic() - start
+            self._timeline_png = _timeline_png(trace)
+            if trace.timeline:  # the placeholder costs nothing and says nothing about the next
+                self._timeline_cost = time.monotonic() - start
             changes.append((self.timeline_image, "value", self._timeline_png))
             calls = _sentences_html(backward_sentences(trace), "Backward calls")
             changes.append((self.calls, "value", calls))
@@ -243,6 +246,18 @@ class TracePanel:
         bundle["text/html"] = self.static_html()
         bundle["text/plain"] = render_text(self.trace)
         return bundle
+
+
+_EMPTY_TIMELINE: list[bytes] = []  # the "nothing recorded yet" picture, drawn once per process
+
+
+def _timeline_png(trace: Trace) -> bytes:
+    """The timeline as PNG; a panel opened on an empty trace reuses one placeholder picture."""
+    if trace.timeline:
+        return figure_png(timeline_figure(trace))
+    if not _EMPTY_TIMELINE:
+        _EMPTY_TIMELINE.append(figure_png(timeline_figure(trace)))
+    return _EMPTY_TIMELINE[0]
 
 
 def live_panel(

@@ -104,6 +104,7 @@ def test_live_panel_listens_while_recording_and_close_stops_it():
     x = torch.ones(4, requires_grad=True)
     with autograd_magic.track(namespace={}) as trace:
         panel = live_panel(trace, refresh_s=0.0)
+        panel.live_budget = float("inf")  # every event renders; the budget has its own test
         y = x
         for _ in range(5):
             y = y * 2
