@@ -221,11 +221,7 @@ class Recorder:
             self._in_call = False
             self._call_site = None
         if self.trace._listener is not None:
-            self._busy += 1
-            try:
-                self.trace._notify()
-            finally:
-                self._busy -= 1
+            self._notify_listener()
         return out
 
     def _on_plain(self, func: Any, args: tuple, kwargs: dict | None) -> Any:
@@ -247,12 +243,16 @@ class Recorder:
             self._in_call = False
             self._call_site = None
         if self.trace._listener is not None:
-            self._busy += 1
-            try:
-                self.trace._notify()
-            finally:
-                self._busy -= 1
+            self._notify_listener()
         return out
+
+    def _notify_listener(self) -> None:
+        # Busy while a live view renders: torch calls it makes are not the user's ops.
+        self._busy += 1
+        try:
+            self.trace._notify()
+        finally:
+            self._busy -= 1
 
     def _register_outputs(self, out: Any, mark: int) -> None:
         key = self._key
