@@ -147,14 +147,6 @@ def _carried_sites(trace: Trace, graph: RecordIndex) -> Counter[Site]:
     return carried
 
 
-def _holder_born_at(trace: Trace, graph: RecordIndex, site: Site) -> str | None:
-    for holder in trace.holders:
-        node = graph.node(holder.node_id)
-        if node is not None and node.born_site == site:
-            return holder.path
-    return None
-
-
 def _carried_holder(trace: Trace, graph: RecordIndex, site: Site) -> str | None:
     """The variable computed at `site` that its own line also reads (`h = rnn(x, h)`)."""
     names = []
@@ -375,7 +367,10 @@ def _leftover_finding(
 ) -> Finding | None:
     """A variable still holding results its line made after the last backward that used them
     (a partial batch left in `total_loss`): they never reach the gradients."""
-    holder = _root_name(trace, (root.id,))
+    # Only a running sum (`total_loss += loss`, an add chain on one line) is a leftover.
+    holder = _root_name(trace, (root.id,)) if root.name == _ADD else None
+    if holder is None:
+        return None
     chain = [root]
     while previous := [
         n
@@ -383,8 +378,7 @@ def _leftover_finding(
         if n is not None and n.id in unused and n.born_site == root.born_site and n.name == _ADD
     ]:
         chain.append(previous[0])
-    # Only a running sum (`total_loss += loss`, an add chain on one line) is a leftover.
-    if holder is None or root.name != _ADD or len(chain) < 2:
+    if len(chain) < 2:
         return None
     part = graph.reach_within(root.id, unused)
     nbytes = retained_bytes_of(graph.buffers_of(part, live=True))
