@@ -10,18 +10,12 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from markers import marker_lines
 
 import autograd_magic as am
 from autograd_magic.export import FORMAT_VERSION
 
-with open(__file__, encoding="utf-8") as _source:
-    _LINES = _source.read().splitlines()
-
-
-def line_of(marker: str) -> int:
-    hits = [i for i, text in enumerate(_LINES, 1) if text.rstrip().endswith(f"# L:{marker}")]
-    assert len(hits) == 1, marker
-    return hits[0]
+line_of = marker_lines(__file__)
 
 
 def _recorded() -> am.Trace:

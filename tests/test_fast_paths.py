@@ -10,6 +10,7 @@ import json
 
 import torch
 import torch.nn.functional as F
+from markers import marker_lines
 from torch import nn
 
 import autograd_magic as am
@@ -17,15 +18,7 @@ import autograd_magic.recorder as recorder_module
 from autograd_magic.records import Site
 from autograd_magic.sites import SiteFinder
 
-with open(__file__, encoding="utf-8") as _source:
-    _LINES = _source.read().splitlines()
-
-
-def line_of(marker: str) -> int:
-    """The 1-based line of this file that ends with the comment `# L:<marker>`."""
-    hits = [i for i, text in enumerate(_LINES, 1) if text.rstrip().endswith(f"# L:{marker}")]
-    assert len(hits) == 1, f"marker {marker!r} found {len(hits)} times"
-    return hits[0]
+line_of = marker_lines(__file__)
 
 
 class _NoFastOps(set):

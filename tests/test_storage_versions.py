@@ -6,19 +6,12 @@ import re
 
 import numpy as np
 import torch
+from markers import marker_lines
 from torch import nn
 
 import autograd_magic as am
 
-with open(__file__, encoding="utf-8") as _source:
-    _LINES = _source.read().splitlines()
-
-
-def line_of(marker: str) -> int:
-    """The 1-based line of this file that ends with the comment `# L:<marker>`."""
-    hits = [i for i, text in enumerate(_LINES, 1) if text.rstrip().endswith(f"# L:{marker}")]
-    assert len(hits) == 1, marker
-    return hits[0]
+line_of = marker_lines(__file__)
 
 
 def group_of(trace: am.Trace, label: str) -> am.StorageGroup:
