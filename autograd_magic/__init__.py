@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autograd_magic.recorder import Recorder, track
-from autograd_magic.records import (
+from autograd_magic.model.records import (
     AliasLink,
     BackwardCall,
     Blindspot,
@@ -21,7 +20,8 @@ from autograd_magic.records import (
     StorageGroup,
     VersionBump,
 )
-from autograd_magic.trace import TimelineSample, Trace
+from autograd_magic.model.trace import TimelineSample, Trace
+from autograd_magic.recorder.core import Recorder, track
 
 __version__ = "0.1.0"
 

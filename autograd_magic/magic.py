@@ -17,10 +17,10 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 import autograd_magic
-from autograd_magic.plots import DEFAULT_MAX_NODES
-from autograd_magic.recorder import track
-from autograd_magic.report import render_text
-from autograd_magic.trace import Trace
+from autograd_magic.model.trace import Trace
+from autograd_magic.recorder.core import track
+from autograd_magic.views.figures import DEFAULT_MAX_NODES
+from autograd_magic.views.text import render_text
 
 DEFAULT_REFRESH_S = 1.0
 
@@ -120,7 +120,7 @@ def _widget_frontend(shell: Any) -> bool:
 
 def _new_panel(trace: Trace, max_nodes: int, refresh_s: float | None = None) -> Any:
     """A panel for `trace`; live (updating every `refresh_s`) when `refresh_s` is given."""
-    from autograd_magic import panel  # ipywidgets only when a panel is shown
+    from autograd_magic.views import panel  # ipywidgets only when a panel is shown
 
     if refresh_s is None:
         return panel.TracePanel(trace, max_nodes=max_nodes)

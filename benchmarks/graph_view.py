@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 import autograd_magic
-from autograd_magic.trace import Trace
+from autograd_magic.model.trace import Trace
 
 NODES_PER_STEP = 3
 
@@ -59,13 +59,13 @@ def dot_source(root: Any) -> str:
 def graph_renderer() -> Callable[[Trace], object] | str:
     """The graph-view render as the panel does it, or why it is not available."""
     try:
-        plots = importlib.import_module("autograd_magic.plots")
+        plots = importlib.import_module("autograd_magic.views.figures")
     except ImportError as exc:
-        return f"pending: autograd_magic.plots not importable ({exc})"
+        return f"pending: autograd_magic.views.figures not importable ({exc})"
     names = ("graph_view", "graph_figure", "figure_png")
     missing = [n for n in names if not hasattr(plots, n)]
     if missing:
-        return f"pending: autograd_magic.plots lacks {', '.join(missing)}"
+        return f"pending: autograd_magic.views.figures lacks {', '.join(missing)}"
 
     def render(trace: Trace) -> object:
         return plots.figure_png(plots.graph_figure(plots.graph_view(trace)))

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import autograd_magic
-from autograd_magic.trace import Trace
+from autograd_magic.model.trace import Trace
 from benchmarks import graph_view
 from benchmarks.results import GRAPH_VIEW_TARGET_S, PANEL_SHARE_TARGET, Row, skipped, verdict
 from benchmarks.timing import Ratio, interleave, ratios
@@ -26,14 +26,14 @@ PANEL_ENTRY_POINTS = ("live_panel", "attach", "LivePanel", "TracePanel", "Panel"
 def panel_factory() -> Callable[[Trace], Any] | str:
     """A callable that attaches a live panel to a trace, or why there is none."""
     try:
-        module = importlib.import_module("autograd_magic.panel")
+        module = importlib.import_module("autograd_magic.views.panel")
     except ImportError:
         return "pending: panel not available"
     for name in PANEL_ENTRY_POINTS:
         entry = getattr(module, name, None)
         if callable(entry):
             return entry
-    return f"pending: autograd_magic.panel has none of {', '.join(PANEL_ENTRY_POINTS)}"
+    return f"pending: autograd_magic.views.panel has none of {', '.join(PANEL_ENTRY_POINTS)}"
 
 
 def _block(steps: int, attach: Callable[[Trace], Any] | None) -> Callable[[], None]:
@@ -87,7 +87,7 @@ def _share_row(steps: int, rounds: int) -> Row:
         verdict=verdict(extra <= PANEL_SHARE_TARGET),
         details=[
             f"blocks of {steps} MLP steps (workload 2) in one track(); panel attached with "
-            f"autograd_magic.panel.{getattr(attach, '__name__', attach)}",
+            f"autograd_magic.views.panel.{getattr(attach, '__name__', attach)}",
             f"a no-op listener alone: {noop.median - 1:+.1%} ({noop.describe()})",
         ],
         ratio=panel.median,

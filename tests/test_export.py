@@ -13,7 +13,7 @@ import torch
 from markers import marker_lines
 
 import autograd_magic as am
-from autograd_magic.export import FORMAT_VERSION
+from autograd_magic.model.export import FORMAT_VERSION
 
 line_of = marker_lines(__file__)
 
@@ -122,7 +122,7 @@ def test_loaded_graph_equals_the_recorded_graph():
     "text",
     [
         "[]",
-        '"autograd_magic.trace"',
+        '"autograd_magic.model.trace"',
         json.dumps({"format": "something else", "version": FORMAT_VERSION}),
         json.dumps({"version": FORMAT_VERSION}),
     ],

@@ -14,9 +14,9 @@ from markers import marker_lines
 from torch import nn
 
 import autograd_magic as am
-import autograd_magic.recorder as recorder_module
-from autograd_magic.records import Site
-from autograd_magic.sites import SiteFinder
+import autograd_magic.recorder.core as recorder_module
+from autograd_magic.model.records import Site
+from autograd_magic.recorder.sites import SiteFinder
 
 line_of = marker_lines(__file__)
 
@@ -189,7 +189,7 @@ def _ids(trace: am.Trace, *prefixes: str) -> set[int]:
 def test_saved_attribute_filter_keeps_every_attribute_that_may_hold_a_tensor():
     """GIVEN values a saved attribute can return WHEN judged THEN only numbers, dtypes and
     non-empty sequences without tensors are marked as never holding one."""
-    from autograd_magic.saved import _holds_no_tensor
+    from autograd_magic.recorder.saved import _holds_no_tensor
 
     assert _holds_no_tensor(1) and _holds_no_tensor(2.5) and _holds_no_tensor(torch.float32)
     assert _holds_no_tensor((2, 4)) and _holds_no_tensor([1])
@@ -201,7 +201,7 @@ def test_saved_attribute_filter_keeps_every_attribute_that_may_hold_a_tensor():
 def test_buffers_of_multi_node_ops_keep_their_owner_once_attributes_are_filtered(gc_disabled):
     """GIVEN a Linear layer called in two blocks (the second probes only tensor attributes)
     WHEN tracked THEN both blocks give each saved buffer to the same node kind."""
-    import autograd_magic.saved as saved_module
+    import autograd_magic.recorder.saved as saved_module
 
     saved_module._PROBED_ATTRS.clear()
     layer = nn.Linear(4, 3)

@@ -9,8 +9,8 @@ import torch
 from test_report import handmade_trace
 
 import autograd_magic
-from autograd_magic.panel import TracePanel, live_panel
-from autograd_magic.report import render_text
+from autograd_magic.views.panel import TracePanel, live_panel
+from autograd_magic.views.text import render_text
 
 
 def test_summary_and_findings_read_like_the_report():

@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from test_report import handmade_trace
 
 import autograd_magic
-from autograd_magic import plots
+from autograd_magic.views import figures as plots
 
 
 def texts(fig: Figure) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import autograd_magic
-from autograd_magic.records import (
+from autograd_magic.model.records import (
     AliasLink,
     BackwardCall,
     Blindspot,
@@ -15,7 +15,8 @@ from autograd_magic.records import (
     Site,
     VersionBump,
 )
-from autograd_magic.report import (
+from autograd_magic.model.trace import TimelineSample, Trace
+from autograd_magic.views.text import (
     MAX_TABLE_ROWS,
     backward_sentences,
     buffer_table,
@@ -27,7 +28,6 @@ from autograd_magic.report import (
     summary_items,
     versions_table,
 )
-from autograd_magic.trace import TimelineSample, Trace
 
 
 def site(line: int) -> Site:

@@ -309,7 +309,7 @@ def min_contrast(widget: Any) -> float:
 def expected_numbers() -> dict[str, str]:
     """The leaky cell's headline numbers, from running its code under track() in-process."""
     import autograd_magic
-    from autograd_magic.report import summary_items
+    from autograd_magic.views.text import summary_items
 
     cells = json.loads((ROOT / NOTEBOOK).read_text(encoding="utf-8"))["cells"]
     sources = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]

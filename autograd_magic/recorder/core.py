@@ -19,14 +19,14 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from autograd_magic.aliases import AliasTracker
-from autograd_magic.backward import run_backward
-from autograd_magic.naming import frame_namespace
-from autograd_magic.ops import OpKind, classify
-from autograd_magic.records import Blindspot, Holder, SavedBuffer, Site
-from autograd_magic.saved import PackedSaved, probe_saved, storage_of
-from autograd_magic.sites import SiteFinder, site_of_traceback
-from autograd_magic.trace import Trace
+from autograd_magic.model.records import Blindspot, Holder, SavedBuffer, Site
+from autograd_magic.model.trace import Trace
+from autograd_magic.recorder.aliases import AliasTracker
+from autograd_magic.recorder.backward import run_backward
+from autograd_magic.recorder.naming import frame_namespace
+from autograd_magic.recorder.ops import OpKind, classify
+from autograd_magic.recorder.saved import PackedSaved, probe_saved, storage_of
+from autograd_magic.recorder.sites import SiteFinder, site_of_traceback
 
 _ACCUMULATE = "AccumulateGrad"
 # What each torch function does depends only on the function: classified once per process.
@@ -188,7 +188,7 @@ class Recorder:
         self.aliases.resolve_labels(
             namespace, self._name_budget_s, also=note_holder if live else None
         )
-        from autograd_magic.findings import analyze
+        from autograd_magic.analysis.findings import analyze
 
         self.trace.findings = analyze(self.trace)
         self.trace.finished = True

@@ -23,9 +23,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, MultipleLocator
 
-from autograd_magic.records import NodeRecord
-from autograd_magic.report import format_bytes
-from autograd_magic.trace import Trace
+from autograd_magic.model.records import NodeRecord
+from autograd_magic.model.trace import Trace
+from autograd_magic.views.text import format_bytes
 
 ALIVE, FREED, LEAF = "#e8590c", "#adb5bd", "#2f9e44"
 NODES_COLOR, BYTES_COLOR, BACKWARD_COLOR, ERROR_COLOR = "#1c7ed6", "#e8590c", "#7048e8", "#e03131"

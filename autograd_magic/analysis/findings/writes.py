@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autograd_magic.findings.common import (
+from autograd_magic.analysis.findings.common import (
     INPLACE_ERROR,
     RecordIndex,
     cell_line,
@@ -10,8 +10,8 @@ from autograd_magic.findings.common import (
     quoted_source,
     source_of,
 )
-from autograd_magic.records import Finding, VersionBump
-from autograd_magic.trace import Trace
+from autograd_magic.model.records import Finding, VersionBump
+from autograd_magic.model.trace import Trace
 
 
 # ----- writes ----------------------------------------------------------------------------

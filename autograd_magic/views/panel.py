@@ -13,7 +13,8 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from autograd_magic.plots import (
+from autograd_magic.model.trace import Trace
+from autograd_magic.views.figures import (
     DEFAULT_MAX_NODES,
     GraphView,
     figure_png,
@@ -22,7 +23,7 @@ from autograd_magic.plots import (
     png_img_html,
     timeline_figure,
 )
-from autograd_magic.report import (
+from autograd_magic.views.text import (
     MAX_TABLE_ROWS,
     Sentence,
     Table,
@@ -35,7 +36,6 @@ from autograd_magic.report import (
     summary_items,
     versions_table,
 )
-from autograd_magic.trace import Trace
 
 # JupyterLab theme variables keep the panel readable in light and dark themes; the fallbacks
 # serve static HTML outside JupyterLab.

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from autograd_magic.findings.common import RecordIndex, cell_line, format_bytes, source_of
-from autograd_magic.findings.graphs import (
+from autograd_magic.analysis.findings.common import RecordIndex, cell_line, format_bytes, source_of
+from autograd_magic.analysis.findings.graphs import (
     backward_through_freed,
     graph_growth,
     kept_alive,
     retained_graph,
     unused_graph,
 )
-from autograd_magic.findings.writes import data_bypass, inplace_on_saved, shared_write
-from autograd_magic.records import Finding
-from autograd_magic.trace import Trace
+from autograd_magic.analysis.findings.writes import data_bypass, inplace_on_saved, shared_write
+from autograd_magic.model.records import Finding
+from autograd_magic.model.trace import Trace
 
 KINDS = (
     "kept-alive",

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from autograd_magic.trace import Trace
+    from autograd_magic.model.trace import Trace
 
 
 class PackedSaved:

@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from autograd_magic.identity import ObjectRegistry
-from autograd_magic.naming import find_names
-from autograd_magic.ops import VERSION_SHARING_HOWS, OpKind
-from autograd_magic.records import AliasLink, Blindspot, Site, VersionBump
-from autograd_magic.saved import PackedSaved, storage_of
+from autograd_magic.model.records import AliasLink, Blindspot, Site, VersionBump
+from autograd_magic.recorder.identity import ObjectRegistry
+from autograd_magic.recorder.naming import find_names
+from autograd_magic.recorder.ops import VERSION_SHARING_HOWS, OpKind
+from autograd_magic.recorder.saved import PackedSaved, storage_of
 
 if TYPE_CHECKING:
-    from autograd_magic.sites import SiteFinder
-    from autograd_magic.trace import Trace
+    from autograd_magic.model.trace import Trace
+    from autograd_magic.recorder.sites import SiteFinder
 
 NUMPY_WATCH_MAX_BYTES = 16 * 2**20
 _INPLACE_WHAT: dict[str, str] = {}  # op name -> its timeline label, built once per op

@@ -11,7 +11,7 @@ from typing import Any
 
 import networkx
 
-from autograd_magic.records import (
+from autograd_magic.model.records import (
     AliasLink,
     BackwardCall,
     Blindspot,
@@ -22,9 +22,9 @@ from autograd_magic.records import (
     Site,
     VersionBump,
 )
-from autograd_magic.trace import TimelineSample, Trace
+from autograd_magic.model.trace import TimelineSample, Trace
 
-FORMAT = "autograd_magic.trace"
+FORMAT = "autograd_magic.model.trace"
 FORMAT_VERSION = 1
 
 

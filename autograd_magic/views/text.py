@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from autograd_magic.records import Site
-from autograd_magic.trace import Trace
+from autograd_magic.model.records import Site
+from autograd_magic.model.trace import Trace
 
 MAX_TABLE_ROWS = 500
 

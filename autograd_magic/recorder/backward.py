@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from autograd_magic.ops import OpKind
-from autograd_magic.records import BackwardCall
+from autograd_magic.model.records import BackwardCall
+from autograd_magic.recorder.ops import OpKind
 
 if TYPE_CHECKING:
-    from autograd_magic.recorder import Recorder
+    from autograd_magic.recorder.core import Recorder
 
 _TENSOR_BACKWARD = torch.Tensor.backward
 BACKWARD_SIGNATURES = {

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autograd_magic.records import StorageGroup
+from autograd_magic.model.records import StorageGroup
 
 if TYPE_CHECKING:
-    from autograd_magic.trace import Trace
+    from autograd_magic.model.trace import Trace
 
 
 def storage_groups(trace: Trace) -> list[StorageGroup]:

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
-from autograd_magic.records import (
+from autograd_magic.model.records import (
     UNKNOWN_SITE,
     AliasLink,
     BackwardCall,
@@ -130,26 +130,26 @@ class Trace:
 
     def storage_groups(self) -> list[StorageGroup]:
         """Groups of tensors/arrays that share memory, with how each joined and copies beside."""
-        from autograd_magic.storage import storage_groups
+        from autograd_magic.model.storage import storage_groups
 
         return storage_groups(self)
 
     def graph(self) -> networkx.DiGraph:
         """The recorded autograd graph; edges point from a node to its `next_functions`."""
-        from autograd_magic.export import to_networkx
+        from autograd_magic.model.export import to_networkx
 
         return to_networkx(self)
 
     def to_json(self) -> str:
         """A complete, versioned JSON export (see `Trace.from_json`)."""
-        from autograd_magic.export import trace_to_json
+        from autograd_magic.model.export import trace_to_json
 
         return trace_to_json(self)
 
     @classmethod
     def from_json(cls, text: str) -> Trace:
         """Load an export without executing anything."""
-        from autograd_magic.export import trace_from_json
+        from autograd_magic.model.export import trace_from_json
 
         return trace_from_json(text)
 

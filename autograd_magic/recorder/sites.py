@@ -13,9 +13,9 @@ from types import CodeType, FrameType, TracebackType
 
 import torch
 
-from autograd_magic.records import UNKNOWN_SITE, Site
+from autograd_magic.model.records import UNKNOWN_SITE, Site
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # autograd_magic/
 _LIBRARY_PREFIXES: tuple[str, ...] = tuple(
     {
         os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,

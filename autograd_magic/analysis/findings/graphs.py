@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from autograd_magic.findings.common import (
+from autograd_magic.analysis.findings.common import (
     ACCUMULATE,
     FREED_TWICE,
     RecordIndex,
@@ -18,8 +18,8 @@ from autograd_magic.findings.common import (
     retained_bytes_of,
     source_of,
 )
-from autograd_magic.records import Finding, NodeRecord, Site
-from autograd_magic.trace import Trace
+from autograd_magic.model.records import Finding, NodeRecord, Site
+from autograd_magic.model.trace import Trace
 
 
 # ----- kept-alive -------------------------------------------------------------------------

@@ -6,8 +6,8 @@ import bisect
 import linecache
 from collections.abc import Container, Iterable
 
-from autograd_magic.records import NodeRecord, SavedBuffer, Site
-from autograd_magic.trace import Trace
+from autograd_magic.model.records import NodeRecord, SavedBuffer, Site
+from autograd_magic.model.trace import Trace
 
 ACCUMULATE = "AccumulateGrad"
 FREED_TWICE = "backward through the graph a second time"
