@@ -17,9 +17,9 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 import autograd_magic
+from autograd_magic.analysis.layout import DEFAULT_MAX_NODES
 from autograd_magic.model.trace import Trace
 from autograd_magic.recorder.core import track
-from autograd_magic.views.figures import DEFAULT_MAX_NODES
 from autograd_magic.views.text import render_text
 
 DEFAULT_REFRESH_S = 1.0

@@ -1,8 +1,8 @@
 """Workload 7, second half: time to render the graph view of 1,000- and 10,000-node graphs.
 
 The graph is recorded for real (a residual chain `h = (h * w).tanh() + h`, three nodes per
-step, with skip edges), then rendered the way the panel shows it: `plots.graph_view` (layout and
-collapsing), `plots.graph_figure` and `plots.figure_png`. The peer is a torchviz-style DOT
+step, with skip edges), then rendered the way the panel shows it: `layout.graph_view` (layout and
+collapsing), `figures.graph_figure` and `figures.figure_png`. The peer is a torchviz-style DOT
 rendering: a pure-Python walk of `next_functions` from the live output, producing DOT source
 text, as torchviz's `make_dot` does before graphviz (not installed here) draws it.
 """
@@ -59,16 +59,13 @@ def dot_source(root: Any) -> str:
 def graph_renderer() -> Callable[[Trace], object] | str:
     """The graph-view render as the panel does it, or why it is not available."""
     try:
+        layout = importlib.import_module("autograd_magic.analysis.layout")
         plots = importlib.import_module("autograd_magic.views.figures")
     except ImportError as exc:
-        return f"pending: autograd_magic.views.figures not importable ({exc})"
-    names = ("graph_view", "graph_figure", "figure_png")
-    missing = [n for n in names if not hasattr(plots, n)]
-    if missing:
-        return f"pending: autograd_magic.views.figures lacks {', '.join(missing)}"
+        return f"pending: the graph view is not importable ({exc})"
 
     def render(trace: Trace) -> object:
-        return plots.figure_png(plots.graph_figure(plots.graph_view(trace)))
+        return plots.figure_png(plots.graph_figure(layout.graph_view(trace)))
 
     return render
 

@@ -106,7 +106,7 @@ def _render_row(sizes: tuple[int, ...], repeats: int) -> Row:
         peer.append(f"{recorded:,} nodes {dot * 1e3:.0f} ms")
         largest = mine
     details.append(
-        "graph view = plots.graph_view + graph_figure + figure_png (PNG, 100 dpi), median of "
+        "graph view = layout.graph_view + graph_figure + figure_png (PNG, 100 dpi), median of "
         f"{repeats}; peer = torchviz-style DOT source from a next_functions walk (text only)"
     )
     return Row(

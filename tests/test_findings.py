@@ -12,7 +12,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import autograd_magic as am
-from autograd_magic.analysis.findings import KINDS, analyze, format_bytes
+from autograd_magic.analysis.findings import KINDS, analyze
+from autograd_magic.model.units import format_bytes
 
 _SOURCE = Path(__file__).read_text().splitlines()
 

@@ -15,7 +15,9 @@ from matplotlib.figure import Figure
 from test_report import handmade_trace
 
 import autograd_magic
+from autograd_magic.analysis import layout
 from autograd_magic.views import figures as plots
+from autograd_magic.views import html as static
 
 
 def texts(fig: Figure) -> list[str]:
@@ -37,7 +39,7 @@ def recorded_loops(iterations: int) -> autograd_magic.Trace:
 
 
 def test_layers_put_leaves_at_the_top_and_the_loss_at_the_bottom():
-    view = plots.graph_view(handmade_trace())
+    view = layout.graph_view(handmade_trace())
     by_name = {box.name: box for box in view.boxes}
     assert by_name["AccumulateGrad"].layer == 0
     assert by_name["MulBackward0"].layer == 1
@@ -51,7 +53,7 @@ def test_layers_put_leaves_at_the_top_and_the_loss_at_the_bottom():
 
 
 def test_colours_say_alive_freed_and_leaf():
-    view = plots.graph_view(handmade_trace())
+    view = layout.graph_view(handmade_trace())
     fig = plots.graph_figure(view)
     colours = [to_hex(c) for c in fig.axes[0].collections[0].get_facecolors()]
     expected = {
@@ -67,7 +69,7 @@ def test_colours_say_alive_freed_and_leaf():
 
 
 def test_selected_box_is_ringed():
-    view = plots.graph_view(handmade_trace())
+    view = layout.graph_view(handmade_trace())
     plain = plots.graph_figure(view)
     ringed = plots.graph_figure(view, selected=2)
     assert len(ringed.axes[0].collections) == len(plain.axes[0].collections) + 1
@@ -75,7 +77,7 @@ def test_selected_box_is_ringed():
 
 def test_repeated_structure_is_merged_with_a_note_and_nothing_is_cut():
     trace = recorded_loops(60)
-    view = plots.graph_view(trace, max_nodes=40)
+    view = layout.graph_view(trace, max_nodes=40)
     assert len(view.boxes) <= 40
     assert sum(len(box.members) for box in view.boxes) == len(trace.nodes)
     assert view.note.startswith(f"{len(trace.nodes):,} nodes shown as {len(view.boxes)} boxes")
@@ -85,7 +87,7 @@ def test_repeated_structure_is_merged_with_a_note_and_nothing_is_cut():
 
 def test_coarsest_collapse_keeps_every_node_in_some_box():
     trace = recorded_loops(10)
-    view = plots.graph_view(trace, max_nodes=2)
+    view = layout.graph_view(trace, max_nodes=2)
     assert len(view.boxes) == 2
     assert sum(len(box.members) for box in view.boxes) == len(trace.nodes)
     assert "'other lines' box" in view.note
@@ -93,7 +95,7 @@ def test_coarsest_collapse_keeps_every_node_in_some_box():
 
 def test_under_the_cap_every_node_is_its_own_box():
     trace = recorded_loops(3)
-    view = plots.graph_view(trace, max_nodes=1000)
+    view = layout.graph_view(trace, max_nodes=1000)
     assert len(view.boxes) == len(trace.nodes)
     assert view.note == ""
 
@@ -111,7 +113,7 @@ def test_timeline_marks_backward_drops_and_error_with_lines():
 
 def test_empty_trace_figures_say_so():
     assert "Nothing recorded yet" in texts(plots.timeline_figure(autograd_magic.Trace()))
-    empty = plots.graph_figure(plots.graph_view(autograd_magic.Trace()))
+    empty = plots.graph_figure(layout.graph_view(autograd_magic.Trace()))
     assert "No autograd nodes recorded" in texts(empty)
 
 
@@ -120,10 +122,10 @@ def test_no_pyplot_state_and_png_helpers():
     assert "from matplotlib import pyplot" not in inspect.getsource(plots)
     pyplot = pytest.importorskip("matplotlib.pyplot")
     png = plots.figure_png(plots.timeline_figure(handmade_trace()))
-    png += plots.figure_png(plots.graph_figure(plots.graph_view(handmade_trace())))
+    png += plots.figure_png(plots.graph_figure(layout.graph_view(handmade_trace())))
     assert pyplot.get_fignums() == []
     assert png.startswith(b"\x89PNG")
-    tag = plots.png_img_html(b"\x89PNG", 'a "graph"')
+    tag = static.png_img_html(b"\x89PNG", 'a "graph"')
     assert tag.startswith('<img alt="a &quot;graph&quot;"')
     assert "data:image/png;base64,iVBORw==" in tag
     assert matplotlib.get_backend()  # untouched by rendering
@@ -134,12 +136,12 @@ def test_static_pngs_are_compacted_to_a_palette_of_the_same_size():
     from PIL import Image
 
     png = plots.figure_png(plots.timeline_figure(handmade_trace()))
-    small = plots.compact_png(png)
+    small = static.compact_png(png)
     # THEN it is well under the original, decodes, and keeps the picture's dimensions
     assert len(small) < 0.7 * len(png), (len(small), len(png))
     assert Image.open(io.BytesIO(small)).size == Image.open(io.BytesIO(png)).size
     # AND the <img> tag embeds the compact version
-    assert base64.b64encode(small).decode() in plots.png_img_html(png, "timeline")
+    assert base64.b64encode(small).decode() in static.png_img_html(png, "timeline")
 
 
 def test_byte_ticks_fall_on_whole_binary_units():
@@ -156,7 +158,7 @@ def test_ten_thousand_node_graph_renders_quickly():
     trace = recorded_loops(1000)
     assert len(trace.nodes) > 10_000
     start = time.perf_counter()
-    view = plots.graph_view(trace, max_nodes=20_000)
+    view = layout.graph_view(trace, max_nodes=20_000)
     plots.figure_png(plots.graph_figure(view))
     elapsed = time.perf_counter() - start
     assert len(view.boxes) == len(trace.nodes)

@@ -16,12 +16,12 @@ from autograd_magic.model.records import (
     VersionBump,
 )
 from autograd_magic.model.trace import TimelineSample, Trace
+from autograd_magic.model.units import format_bytes
 from autograd_magic.views.text import (
     MAX_TABLE_ROWS,
     backward_sentences,
     buffer_table,
     buffer_totals,
-    format_bytes,
     render_text,
     sentences,
     storage_table,

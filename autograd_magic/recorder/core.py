@@ -21,6 +21,7 @@ from torch.overrides import TorchFunctionMode
 
 from autograd_magic.model.records import Blindspot, Holder, SavedBuffer, Site
 from autograd_magic.model.trace import Trace
+from autograd_magic.model.units import ACCUMULATE_GRAD
 from autograd_magic.recorder.aliases import AliasTracker
 from autograd_magic.recorder.backward import run_backward
 from autograd_magic.recorder.naming import frame_namespace
@@ -28,7 +29,6 @@ from autograd_magic.recorder.ops import OpKind, classify
 from autograd_magic.recorder.saved import PackedSaved, probe_saved, storage_of
 from autograd_magic.recorder.sites import SiteFinder, site_of_traceback
 
-_ACCUMULATE = "AccumulateGrad"
 # What each torch function does depends only on the function: classified once per process.
 _KINDS: dict[Any, tuple[OpKind, str]] = {}
 _PLAIN: set[Any] = set()  # functions of kind PLAIN: the per-op fast path
@@ -326,7 +326,7 @@ class Recorder:
             # An op's own output node is new; only deeper nodes may predate the block.
             existed = (
                 id(node) not in root_ids
-                and name != _ACCUMULATE
+                and name != ACCUMULATE_GRAD
                 and node._sequence_nr() < self._sequence_start
             )
             next_ids = tuple(
@@ -341,7 +341,7 @@ class Recorder:
 
     def _assign_buffers(self, found: list[tuple[Any, int, Any]], mark: int, site: Site) -> None:
         unowned = self._unowned
-        nodes = [(n, i) for n, i, _ in found if type(n).__name__ != _ACCUMULATE]
+        nodes = [(n, i) for n, i, _ in found if type(n).__name__ != ACCUMULATE_GRAD]
         if mark == 0 and len(nodes) == 1:
             owner = nodes[0][1]
             for buffer_id in unowned:

@@ -13,48 +13,29 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from autograd_magic.analysis.layout import DEFAULT_MAX_NODES, GraphView, graph_view
 from autograd_magic.model.trace import Trace
-from autograd_magic.views.figures import (
-    DEFAULT_MAX_NODES,
-    GraphView,
-    figure_png,
-    graph_figure,
-    graph_view,
-    png_img_html,
-    timeline_figure,
+from autograd_magic.views.figures import figure_png, graph_figure, timeline_figure
+from autograd_magic.views.html import (
+    MUTED_STYLE,
+    div,
+    final_tables,
+    join_items,
+    page,
+    sentences_html,
+    status_html,
+    summary_html,
+    table_html,
 )
 from autograd_magic.views.text import (
-    MAX_TABLE_ROWS,
-    Sentence,
     Table,
     backward_sentences,
     buffer_table,
-    buffer_totals,
     render_text,
     sentences,
-    storage_table,
-    summary_items,
-    versions_table,
 )
 
-# JupyterLab theme variables keep the panel readable in light and dark themes; the fallbacks
-# serve static HTML outside JupyterLab.
-_TEXT = (
-    "color:var(--jp-ui-font-color1,#222);font-family:var(--jp-ui-font-family,sans-serif);"
-    "font-size:var(--jp-ui-font-size1,13px);line-height:1.45"
-)
-_MUTED = "color:var(--jp-ui-font-color2,#666)"
-_BORDER = "var(--jp-border-color2,#ccc)"
-_HEAD = "background:var(--jp-layout-color2,#f0f0f0)"
-_MARKS = {
-    "error": "border-left:4px solid var(--jp-error-color1,#d32f2f);padding-left:6px",
-    "blindspot": "border-left:4px solid var(--jp-warn-color1,#f57c00);padding-left:6px",
-    "finding": "border-left:4px solid var(--jp-brand-color1,#1976d2);padding-left:6px",
-    "note": "border-left:4px solid var(--jp-border-color1,#999);padding-left:6px",
-}
-_FLAG = "color:var(--jp-warn-color1,#e65100);font-weight:bold"
 TIMELINE_COST_GUESS_S = 0.03  # a timeline figure takes tens of milliseconds to draw
-STATIC_TABLE_ROWS = 20  # saved notebook outputs stay small; the widget shows more
 _TAB_NAMES = ("Timeline", "Graph", "Buffers", "Storage", "Versions")
 
 
@@ -78,6 +59,7 @@ class TracePanel:
         self._timeline_png = b""
         self._graph_png = b""
         self._tables: list[tuple[Table, int | None]] = []
+        self._graph_note = ""
         self._started = time.monotonic()
         self._spent = 0.0
         self._timeline_cost = TIMELINE_COST_GUESS_S  # until one is drawn
@@ -134,9 +116,9 @@ class TracePanel:
         trace = self.trace
         found = sentences(trace)
         changes: list[tuple[Any, str, Any]] = [
-            (self.status, "value", _status_html(trace)),
-            (self.summary, "value", _summary_html(trace)),
-            (self.findings, "value", _sentences_html(found, "Findings")),
+            (self.status, "value", status_html(trace)),
+            (self.summary, "value", summary_html(trace)),
+            (self.findings, "value", sentences_html(found, "Findings")),
         ]
         if timeline:
             start = time.monotonic()
@@ -144,7 +126,7 @@ class TracePanel:
             if trace.timeline:  # the placeholder costs nothing and says nothing about the next
                 self._timeline_cost = time.monotonic() - start
             changes.append((self.timeline_image, "value", self._timeline_png))
-            calls = _sentences_html(backward_sentences(trace), "Backward calls")
+            calls = sentences_html(backward_sentences(trace), "Backward calls")
             changes.append((self.calls, "value", calls))
         if final:
             changes.extend(self._final_changes())
@@ -156,9 +138,8 @@ class TracePanel:
         self._graph_png = figure_png(graph_figure(view))
         note = view.note or f"All {view.total_nodes:,} recorded nodes are shown."
         options = [(box.label, i) for i, box in enumerate(view.boxes)]
-        tables = (buffer_totals(trace), buffer_table(trace))
-        self._tables = [(tables[0], None), (tables[1], None)]
-        self._tables += [(storage_table(trace), None), (versions_table(trace), 6)]
+        self._tables = final_tables(trace)
+        self._graph_note = note
         counts = (
             len(trace.backward_calls),
             view.total_nodes,
@@ -168,11 +149,11 @@ class TracePanel:
         )
         return [
             (self.graph_image, "value", self._graph_png),
-            (self.graph_note, "value", _div(html.escape(note), _MUTED)),
+            (self.graph_note, "value", div(html.escape(note), MUTED_STYLE)),
             (self.node_select, "options", options),
-            (self.buffers, "value", "".join(_table_html(t) for t in tables)),
-            (self.storage, "value", _table_html(self._tables[2][0])),
-            (self.versions, "value", _table_html(*self._tables[3])),
+            (self.buffers, "value", "".join(table_html(t) for t, _ in self._tables[:2])),
+            (self.storage, "value", table_html(self._tables[2][0])),
+            (self.versions, "value", table_html(*self._tables[3])),
             (
                 self.tabs,
                 "titles",
@@ -203,13 +184,13 @@ class TracePanel:
         freed = sorted({r.freed_site.describe() for r in records if r.freed_site is not None})
         facts = [
             f"<b>{html.escape(box.label)}</b>",
-            f"created at {html.escape(_join(born))}",
+            f"created at {html.escape(join_items(born))}",
             f"{box.alive:,} of {len(box.members):,} still alive"
-            + (f"; freed at {html.escape(_join(freed))}" if freed else ""),
+            + (f"; freed at {html.escape(join_items(freed))}" if freed else ""),
         ]
         table = buffer_table(self.trace, set(box.members))
         with self.graph_image.hold_sync(), self.node_details.hold_sync():
-            self.node_details.value = _div("<br>".join(facts)) + _table_html(table)
+            self.node_details.value = div("<br>".join(facts)) + table_html(table)
             self._graph_png = figure_png(graph_figure(view, selected=index))
             self.graph_image.value = self._graph_png
 
@@ -230,16 +211,7 @@ class TracePanel:
     # ----- static fallback --------------------------------------------------------------
     def static_html(self) -> str:
         """The panel as one HTML document fragment, figures embedded as PNG."""
-        trace = self.trace
-        parts = [self.status.value, self.summary.value, self.findings.value]
-        if self._timeline_png:
-            parts.append(png_img_html(self._timeline_png, "memory timeline"))
-        parts.append(self.calls.value)
-        if self._graph_png:
-            parts += [self.graph_note.value, png_img_html(self._graph_png, "autograd graph")]
-        if trace.finished:
-            parts += [_table_html(_first_rows(t), flag) for t, flag in self._tables]
-        return f'<div style="{_TEXT}">' + "".join(parts) + "</div>"
+        return page(self.trace, self._timeline_png, self._graph_png, self._graph_note, self._tables)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         bundle = dict(self.widget._repr_mimebundle_() or {})
@@ -267,73 +239,3 @@ def live_panel(
     panel = TracePanel(trace, max_nodes=max_nodes)
     trace.listen(panel.live_update, refresh_s)
     return panel
-
-
-def _join(items: list[str]) -> str:
-    return ", ".join(items[:20]) + (f" and {len(items) - 20} more" if len(items) > 20 else "")
-
-
-def _div(inner: str, style: str = "") -> str:
-    return f'<div style="{_TEXT};{style}">{inner}</div>'
-
-
-def _status_html(trace: Trace) -> str:
-    if trace.error:
-        line = "" if trace.error_site is None else f" ({html.escape(trace.error_site.describe())})"
-        text = f"Stopped by an error{line}: {html.escape(trace.error)}"
-        return _div(f"<b>autograd_magic</b> &mdash; {text}", _MARKS["error"])
-    if trace.finished:
-        return _div("<b>autograd_magic</b> &mdash; finished", _MARKS["note"])
-    last = trace.timeline[-1].line if trace.timeline else None
-    where = f", last event at line {last}" if last else ""
-    return _div(f"<b>autograd_magic</b> &mdash; running{where}&hellip;", _MARKS["finding"])
-
-
-def _summary_html(trace: Trace) -> str:
-    cells = "".join(
-        f'<div style="padding:2px 14px 2px 0"><span style="{_MUTED}">{html.escape(label)}</span>'
-        f"<br><b>{html.escape(value)}</b></div>"
-        for label, value in summary_items(trace)
-    )
-    return _div(cells, "display:flex;flex-wrap:wrap;margin:4px 0")
-
-
-def _sentences_html(items: list[Sentence], title: str) -> str:
-    if not items:
-        return ""
-    rows = "".join(
-        f'<li style="list-style:none;margin:3px 0;{_MARKS[s.kind]}">{html.escape(s.text)}</li>'
-        for s in items
-    )
-    return _div(f"<b>{html.escape(title)}</b><ul style='padding-left:0;margin:2px 0'>{rows}</ul>")
-
-
-def _first_rows(table: Table, limit: int = STATIC_TABLE_ROWS) -> Table:
-    """`table` cut to `limit` rows for saved outputs, saying how many the live panel has."""
-    if len(table.rows) <= limit:
-        return table
-    note = (
-        f"Showing {limit} of {len(table.rows):,} rows in this saved output; "
-        f"the live panel lists up to {MAX_TABLE_ROWS:,}."
-    )
-    return Table(table.title, table.headers, table.rows[:limit], f"{note} {table.note}".strip())
-
-
-def _table_html(table: Table, flag_column: int | None = None) -> str:
-    """A bordered HTML table; rows with a non-empty `flag_column` are flagged."""
-    if not table.rows:
-        return _div(f"<b>{html.escape(table.title)}</b>: none", "margin:6px 0")
-    cell = f"border:1px solid {_BORDER};padding:2px 6px;text-align:left"
-    head = "".join(f'<th style="{cell};{_HEAD}">{html.escape(h)}</th>' for h in table.headers)
-    body = []
-    for row in table.rows:
-        flagged = flag_column is not None and bool(row[flag_column])
-        style = f"{cell};{_FLAG}" if flagged else cell
-        body.append("<tr>" + "".join(f'<td style="{style}">{html.escape(c)}</td>' for c in row))
-    note = f'<div style="{_MUTED}">{html.escape(table.note)}</div>' if table.note else ""
-    return _div(
-        f"<b>{html.escape(table.title)}</b>"
-        f'<table style="border-collapse:collapse;margin:4px 0">'
-        f"<tr>{head}</tr>{''.join(body)}</table>{note}",
-        "margin:6px 0",
-    )

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from autograd_magic.model.records import Site
 from autograd_magic.model.trace import Trace
+from autograd_magic.model.units import format_bytes, where
 
 MAX_TABLE_ROWS = 500
 
@@ -31,23 +31,6 @@ class Table:
     headers: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
     note: str = ""
-
-
-def format_bytes(nbytes: int) -> str:
-    """'512 B', '1.5 KiB', '12.0 MiB'."""
-    value = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"
-
-
-def where(site: Site | None) -> str:
-    """'line 9' / 'line 9, in forward line 4' / '' for an unknown site."""
-    if site is None or site.line == 0:
-        return ""
-    return site.describe()
 
 
 def summary_items(trace: Trace) -> list[tuple[str, str]]:

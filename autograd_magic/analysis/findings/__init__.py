@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from autograd_magic.analysis.findings.common import RecordIndex, cell_line, format_bytes, source_of
+from autograd_magic.analysis.findings.common import RecordIndex
 from autograd_magic.analysis.findings.graphs import (
     backward_through_freed,
     graph_growth,
@@ -52,4 +52,4 @@ def analyze(trace: Trace) -> list[Finding]:
     return sorted(findings, key=lambda f: (f.line or 0, KINDS.index(f.kind)))
 
 
-__all__ = ["KINDS", "analyze", "cell_line", "format_bytes", "source_of"]
+__all__ = ["KINDS", "analyze"]

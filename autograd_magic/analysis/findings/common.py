@@ -1,4 +1,4 @@
-"""Shared pieces of the findings: byte formatting, cell lines, source text, record indexes."""
+"""Shared pieces of the findings: source text, record indexes, common wording."""
 
 from __future__ import annotations
 
@@ -9,27 +9,11 @@ from collections.abc import Container, Iterable
 from autograd_magic.model.records import NodeRecord, SavedBuffer, Site
 from autograd_magic.model.trace import Trace
 
-ACCUMULATE = "AccumulateGrad"
 FREED_TWICE = "backward through the graph a second time"
 INPLACE_ERROR = (
     "'one of the variables needed for gradient computation has been modified by an inplace "
     "operation'"
 )
-
-
-def format_bytes(n: int) -> str:
-    """1536 -> '1.5 KiB'."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
-
-
-def cell_line(site: Site) -> int:
-    """The line in the traced code (the cell or script), even for events inside a forward."""
-    return site.outer_line if site.outer_line is not None else site.line
 
 
 def source_of(site: Site) -> str:

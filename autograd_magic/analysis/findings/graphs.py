@@ -7,11 +7,8 @@ import re
 from collections import Counter
 
 from autograd_magic.analysis.findings.common import (
-    ACCUMULATE,
     FREED_TWICE,
     RecordIndex,
-    cell_line,
-    format_bytes,
     line_list,
     quoted_code,
     quoted_source,
@@ -20,6 +17,7 @@ from autograd_magic.analysis.findings.common import (
 )
 from autograd_magic.model.records import Finding, NodeRecord, Site
 from autograd_magic.model.trace import Trace
+from autograd_magic.model.units import ACCUMULATE_GRAD, cell_line, format_bytes
 
 
 # ----- kept-alive -------------------------------------------------------------------------
@@ -33,7 +31,7 @@ def kept_alive(trace: Trace, graph: RecordIndex) -> list[Finding]:
     groups: dict[str, list[NodeRecord]] = {}
     for holder in trace.holders:
         node = graph.node(holder.node_id)
-        if node is not None and node.alive and node.name != ACCUMULATE:
+        if node is not None and node.alive and node.name != ACCUMULATE_GRAD:
             groups.setdefault(_holder_group(holder.path), []).append(node)
     findings = []
     for path, roots in groups.items():
@@ -54,7 +52,7 @@ def _kept_alive_chain(path: str, root: NodeRecord, graph: RecordIndex) -> Findin
         n
         for n in map(graph.node, nodes)
         if n is not None
-        and n.name != ACCUMULATE
+        and n.name != ACCUMULATE_GRAD
         and n.born_site == root.born_site
         and n.reached_by is None
     ]
@@ -75,7 +73,7 @@ def _kept_alive_chain(path: str, root: NodeRecord, graph: RecordIndex) -> Findin
 def _kept_alive_container(path: str, roots: list[NodeRecord], graph: RecordIndex) -> Finding | None:
     """Container elements or object attributes holding graphs after a backward used them."""
     nodes = graph.live_reach(n.id for n in roots)
-    if all(graph.node(i).name == ACCUMULATE for i in nodes):
+    if all(graph.node(i).name == ACCUMULATE_GRAD for i in nodes):
         return None
     used = any((n := graph.node(i)) is not None and n.reached_by is not None for i in nodes) or any(
         graph.epoch(r.born_seq) < len(graph.backward_seqs) for r in roots
@@ -139,7 +137,7 @@ def _carried_sites(trace: Trace, graph: RecordIndex) -> Counter[Site]:
             child = graph.node(child_id)
             if (
                 child is not None
-                and child.name != ACCUMULATE
+                and child.name != ACCUMULATE_GRAD
                 and not child.existed_before
                 and graph.epoch(child.born_seq) < epoch
             ):
@@ -224,7 +222,7 @@ def _walked_before(trace: Trace, graph: RecordIndex, call, index: int) -> list[N
             n
             for n in nodes
             if n is not None
-            and n.name != ACCUMULATE
+            and n.name != ACCUMULATE_GRAD
             and n.reached_by is not None
             and n.reached_by < index
         ),
@@ -334,7 +332,7 @@ def unused_graph(trace: Trace, graph: RecordIndex) -> list[Finding]:
     unused = {
         n.id: n
         for n in trace.nodes
-        if n.reached_by is None and not n.existed_before and n.name != ACCUMULATE
+        if n.reached_by is None and not n.existed_before and n.name != ACCUMULATE_GRAD
     }
     children = {c for n in unused.values() for c in n.next_ids}
     roots = [n for n in unused.values() if n.id not in children]

@@ -5,13 +5,13 @@ from __future__ import annotations
 from autograd_magic.analysis.findings.common import (
     INPLACE_ERROR,
     RecordIndex,
-    cell_line,
     line_list,
     quoted_source,
     source_of,
 )
 from autograd_magic.model.records import Finding, VersionBump
 from autograd_magic.model.trace import Trace
+from autograd_magic.model.units import cell_line
 
 
 # ----- writes ----------------------------------------------------------------------------

@@ -1,0 +1,191 @@
+"""Static HTML of a `Trace`: what saved notebooks, nbconvert and frontends without widgets show.
+
+Plain strings built from the model and the text view's sentences and tables; figures are embedded
+as PNG. Never imports ipywidgets (the panel builds on these pieces, not the reverse).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+
+from autograd_magic.analysis.layout import DEFAULT_MAX_NODES, graph_view
+from autograd_magic.model.trace import Trace
+from autograd_magic.views.text import (
+    MAX_TABLE_ROWS,
+    Sentence,
+    Table,
+    backward_sentences,
+    buffer_table,
+    buffer_totals,
+    sentences,
+    storage_table,
+    summary_items,
+    versions_table,
+)
+
+STATIC_TABLE_ROWS = 20  # saved notebook outputs stay small; the widget shows more
+
+# JupyterLab theme variables keep the panel readable in light and dark themes; the fallbacks
+# serve static HTML outside JupyterLab.
+TEXT_STYLE = (
+    "color:var(--jp-ui-font-color1,#222);font-family:var(--jp-ui-font-family,sans-serif);"
+    "font-size:var(--jp-ui-font-size1,13px);line-height:1.45"
+)
+MUTED_STYLE = "color:var(--jp-ui-font-color2,#666)"
+BORDER = "var(--jp-border-color2,#ccc)"
+HEAD_STYLE = "background:var(--jp-layout-color2,#f0f0f0)"
+MARKS = {
+    "error": "border-left:4px solid var(--jp-error-color1,#d32f2f);padding-left:6px",
+    "blindspot": "border-left:4px solid var(--jp-warn-color1,#f57c00);padding-left:6px",
+    "finding": "border-left:4px solid var(--jp-brand-color1,#1976d2);padding-left:6px",
+    "note": "border-left:4px solid var(--jp-border-color1,#999);padding-left:6px",
+}
+FLAG_STYLE = "color:var(--jp-warn-color1,#e65100);font-weight:bold"
+
+
+def join_items(items: list[str]) -> str:
+    return ", ".join(items[:20]) + (f" and {len(items) - 20} more" if len(items) > 20 else "")
+
+
+def div(inner: str, style: str = "") -> str:
+    return f'<div style="{TEXT_STYLE};{style}">{inner}</div>'
+
+
+def status_html(trace: Trace) -> str:
+    if trace.error:
+        line = "" if trace.error_site is None else f" ({html.escape(trace.error_site.describe())})"
+        text = f"Stopped by an error{line}: {html.escape(trace.error)}"
+        return div(f"<b>autograd_magic</b> &mdash; {text}", MARKS["error"])
+    if trace.finished:
+        return div("<b>autograd_magic</b> &mdash; finished", MARKS["note"])
+    last = trace.timeline[-1].line if trace.timeline else None
+    where = f", last event at line {last}" if last else ""
+    return div(f"<b>autograd_magic</b> &mdash; running{where}&hellip;", MARKS["finding"])
+
+
+def summary_html(trace: Trace) -> str:
+    cells = "".join(
+        f'<div style="padding:2px 14px 2px 0">'
+        f'<span style="{MUTED_STYLE}">{html.escape(label)}</span>'
+        f"<br><b>{html.escape(value)}</b></div>"
+        for label, value in summary_items(trace)
+    )
+    return div(cells, "display:flex;flex-wrap:wrap;margin:4px 0")
+
+
+def sentences_html(items: list[Sentence], title: str) -> str:
+    if not items:
+        return ""
+    rows = "".join(
+        f'<li style="list-style:none;margin:3px 0;{MARKS[s.kind]}">{html.escape(s.text)}</li>'
+        for s in items
+    )
+    return div(f"<b>{html.escape(title)}</b><ul style='padding-left:0;margin:2px 0'>{rows}</ul>")
+
+
+def first_rows(table: Table, limit: int = STATIC_TABLE_ROWS) -> Table:
+    """`table` cut to `limit` rows for saved outputs, saying how many the live panel has."""
+    if len(table.rows) <= limit:
+        return table
+    note = (
+        f"Showing {limit} of {len(table.rows):,} rows in this saved output; "
+        f"the live panel lists up to {MAX_TABLE_ROWS:,}."
+    )
+    return Table(table.title, table.headers, table.rows[:limit], f"{note} {table.note}".strip())
+
+
+def table_html(table: Table, flag_column: int | None = None) -> str:
+    """A bordered HTML table; rows with a non-empty `flag_column` are flagged."""
+    if not table.rows:
+        return div(f"<b>{html.escape(table.title)}</b>: none", "margin:6px 0")
+    cell = f"border:1px solid {BORDER};padding:2px 6px;text-align:left"
+    head = "".join(f'<th style="{cell};{HEAD_STYLE}">{html.escape(h)}</th>' for h in table.headers)
+    body = []
+    for row in table.rows:
+        flagged = flag_column is not None and bool(row[flag_column])
+        style = f"{cell};{FLAG_STYLE}" if flagged else cell
+        body.append("<tr>" + "".join(f'<td style="{style}">{html.escape(c)}</td>' for c in row))
+    note = f'<div style="{MUTED_STYLE}">{html.escape(table.note)}</div>' if table.note else ""
+    return div(
+        f"<b>{html.escape(table.title)}</b>"
+        f'<table style="border-collapse:collapse;margin:4px 0">'
+        f"<tr>{head}</tr>{''.join(body)}</table>{note}",
+        "margin:6px 0",
+    )
+
+
+def compact_png(png: bytes, colors: int = 64) -> bytes:
+    """`png` reduced to an adaptive palette: a third of the size, for outputs saved in notebooks.
+    Returns `png` unchanged when it cannot be decoded."""
+    from PIL import Image  # matplotlib's own dependency; imported only for static output
+
+    try:
+        image = Image.open(io.BytesIO(png)).convert("RGB")
+    except OSError:
+        return png
+    buffer = io.BytesIO()
+    image.quantize(colors=colors, method=Image.Quantize.MEDIANCUT).save(
+        buffer, format="png", optimize=True
+    )
+    return buffer.getvalue() if buffer.tell() < len(png) else png
+
+
+def png_img_html(png: bytes, alt: str) -> str:
+    """An <img> tag embedding `png` as base64 in a compact palette, for static HTML."""
+    data = base64.b64encode(compact_png(png)).decode("ascii")
+    return (
+        f'<img alt="{html.escape(alt)}" style="max-width:100%" src="data:image/png;base64,{data}"/>'
+    )
+
+
+def page(
+    trace: Trace,
+    timeline_png: bytes = b"",
+    graph_png: bytes = b"",
+    graph_note: str = "",
+    tables: list[tuple[Table, int | None]] | None = None,
+) -> str:
+    """The whole view as one HTML fragment: status, summary, findings, timeline, backward calls,
+    graph and (cut) tables; pictures given as PNG bytes are embedded."""
+    parts = [
+        status_html(trace),
+        summary_html(trace),
+        sentences_html(sentences(trace), "Findings"),
+    ]
+    if timeline_png:
+        parts.append(png_img_html(timeline_png, "memory timeline"))
+    parts.append(sentences_html(backward_sentences(trace), "Backward calls"))
+    if graph_png:
+        parts += [
+            div(html.escape(graph_note), MUTED_STYLE),
+            png_img_html(graph_png, "autograd graph"),
+        ]
+    if trace.finished:
+        parts += [table_html(first_rows(t), flag) for t, flag in tables or final_tables(trace)]
+    return f'<div style="{TEXT_STYLE}">' + "".join(parts) + "</div>"
+
+
+def final_tables(trace: Trace) -> list[tuple[Table, int | None]]:
+    """The tables of a finished trace, each with the column whose non-empty cells are flagged."""
+    return [
+        (buffer_totals(trace), None),
+        (buffer_table(trace), None),
+        (storage_table(trace), None),
+        (versions_table(trace), 6),
+    ]
+
+
+def static_html(trace: Trace, max_nodes: int = DEFAULT_MAX_NODES) -> str:
+    """The finished view of `trace` as static HTML, drawing the timeline and graph pictures."""
+    from autograd_magic.views.figures import figure_png, graph_figure, timeline_figure
+
+    view = graph_view(trace, max_nodes)
+    note = view.note or f"All {view.total_nodes:,} recorded nodes are shown."
+    return page(
+        trace,
+        figure_png(timeline_figure(trace)),
+        figure_png(graph_figure(view)),
+        note,
+    )
