@@ -122,7 +122,7 @@ def test_loaded_graph_equals_the_recorded_graph():
     "text",
     [
         "[]",
-        '"autograd_magic.model.trace"',
+        '"autograd_magic.trace"',
         json.dumps({"format": "something else", "version": FORMAT_VERSION}),
         json.dumps({"version": FORMAT_VERSION}),
     ],

@@ -24,7 +24,7 @@ from autograd_magic.model.records import (
 )
 from autograd_magic.model.trace import TimelineSample, Trace
 
-FORMAT = "autograd_magic.model.trace"
+FORMAT = "autograd_magic.trace"
 FORMAT_VERSION = 1
 
 
