@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from autograd_magic.analysis.findings import analyze
 from autograd_magic.model.records import (
     AliasLink,
     BackwardCall,
@@ -21,11 +22,22 @@ from autograd_magic.model.records import (
     VersionBump,
 )
 from autograd_magic.model.trace import TimelineSample, Trace
-from autograd_magic.recorder.core import Recorder, track
+from autograd_magic.recorder.core import Recorder
 
 __version__ = "0.1.0"
 
 _last_trace: Trace | None = None
+
+
+def track(**options: Any) -> Recorder:
+    """Record autograd nodes, saved buffers, shared storage and version bumps in a block.
+
+    `with autograd_magic.track() as trace:` yields a `Trace`, usable during and after the block;
+    its findings are computed when the block ends. Options: `trace` (a `Trace` to fill),
+    `home_code`, `namespace` (where to look up variable names), `name_budget_s`.
+    """
+    options.setdefault("analyze", analyze)
+    return Recorder(**options)
 
 
 def last_trace() -> Trace | None:

@@ -19,7 +19,6 @@ from IPython.display import display
 import autograd_magic
 from autograd_magic.analysis.layout import DEFAULT_MAX_NODES
 from autograd_magic.model.trace import Trace
-from autograd_magic.recorder.core import track
 from autograd_magic.views.text import render_text
 
 DEFAULT_REFRESH_S = 1.0
@@ -65,7 +64,7 @@ class TrackGraphMagics(Magics):
             handle = display(panel, display_id=True)
         value, error = None, None
         try:
-            with track(trace=trace, home_code=body, namespace=self.shell.user_ns):
+            with autograd_magic.track(trace=trace, home_code=body, namespace=self.shell.user_ns):
                 exec(body, self.shell.user_ns)
                 if last is not None:
                     value = eval(last, self.shell.user_ns)

@@ -446,8 +446,8 @@ def test_failed_backward_is_recorded_then_reraised_with_pytorch_message(gc_disab
 
 
 def test_recorder_and_trace_hold_no_user_object(gc_disabled):
-    """GIVEN a kept recorder and trace WHEN the user drops tensors, arrays and graphs
-    THEN they die at once."""
+    """GIVEN a kept recorder and trace WHEN the user drops tensors, arrays and graphs after the
+    block THEN they die at once, and the finished trace still shows the block's end state."""
     recorder = am.track()
     probe = Probe()
     with recorder as trace:
@@ -459,9 +459,12 @@ def test_recorder_and_trace_hold_no_user_object(gc_disabled):
         back = probe.watch("back", y.detach().numpy())
         y.sum().backward(retain_graph=True)
     assert probe.alive() == ["arr", "back", "graph", "t", "x", "y"]
+    at_end = (trace.snapshot(), [n.alive for n in trace.nodes], [b.freed for b in trace.buffers])
     del arr, t, x, y, back
     assert probe.alive() == []
-    assert trace.nodes and all(not n.alive for n in trace.nodes)
+    assert trace.live_nodes == 3  # MulBackward0, ExpBackward0 and x's AccumulateGrad
+    after = (trace.snapshot(), [n.alive for n in trace.nodes], [b.freed for b in trace.buffers])
+    assert after == at_end
     assert recorder.trace is trace
 
 

@@ -130,15 +130,16 @@ def test_live_buffer_count_follows_saves_and_releases(gc_disabled):
     """GIVEN buffers saved then released by backward WHEN an in-place write follows THEN the
     live count drops to zero and the write hits no buffer; a write while one is held hits it."""
     x = torch.randn(4, requires_grad=True)
-    with am.track() as trace:
+    recorder = am.track()
+    with recorder as trace:
         y = x * 1.0
         z = y.exp()  # saves its output
-        assert trace._live_buffers == 1
+        assert recorder.writer.live_buffers == 1
         with torch.no_grad():
             z.add_(1.0)  # L:hit
         alias = z.detach()
         del z  # the graph dies: exp's saved output is released
-        assert trace._live_buffers == 0
+        assert recorder.writer.live_buffers == 0
         with torch.no_grad():
             alias.add_(1.0)  # L:released
         with torch.no_grad():

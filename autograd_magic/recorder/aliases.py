@@ -18,8 +18,8 @@ from autograd_magic.recorder.ops import VERSION_SHARING_HOWS, OpKind
 from autograd_magic.recorder.saved import PackedSaved, storage_of
 
 if TYPE_CHECKING:
-    from autograd_magic.model.trace import Trace
     from autograd_magic.recorder.sites import SiteFinder
+    from autograd_magic.recorder.writer import TraceWriter
 
 NUMPY_WATCH_MAX_BYTES = 16 * 2**20
 _INPLACE_WHAT: dict[str, str] = {}  # op name -> its timeline label, built once per op
@@ -71,10 +71,11 @@ def _digest(array: Any) -> int:
 
 
 class AliasTracker:
-    """Records alias/copy links and version bumps into the trace."""
+    """Records alias/copy links and version bumps, through the trace's writer."""
 
-    def __init__(self, trace: Trace, sites: SiteFinder) -> None:
-        self.trace = trace
+    def __init__(self, writer: TraceWriter, sites: SiteFinder) -> None:
+        self.writer = writer
+        self.trace = writer.trace  # read only
         self.sites = sites
         self.registry = ObjectRegistry()
         self._separate_counter: dict[int, int] = {}  # alias uid -> source uid (.data, NumPy)
@@ -117,7 +118,7 @@ class AliasTracker:
         """Live buffers saved before the write on `tensor`'s memory: (those whose version check
         will now fail, those changed without their version moving)."""
         failing, silent = [], []
-        if self.trace._live_buffers <= 0:  # nothing saved is alive: no buffer to look up
+        if self.writer.live_buffers <= 0:  # nothing saved is alive: no buffer to look up
             return failing, silent
         for ref in _refs(self._live_saved.get(storage_of(tensor)[0])):
             packed = ref()
@@ -147,9 +148,9 @@ class AliasTracker:
     def _record_bump(
         self, tensor: torch.Tensor, op: str, old: int, new: int, site: Site, saved_before: int
     ) -> None:
-        trace = self.trace
+        writer = self.writer
         uid = self.registry.uid(tensor, "tensor")
-        trace.labels.setdefault(uid, self.registry.op_labels[uid])
+        label = writer.name(uid, self.registry.op_labels[uid])
         failing, silent = self._saved_on(tensor, saved_before)
         source = self._separate_counter.get(uid)
         # A write through a separate counter (.data, NumPy) leaves saved copies looking intact.
@@ -157,11 +158,11 @@ class AliasTracker:
         hits = silent if bypass and silent else failing
         sharers = self._live_sharers(uid)
         bump = VersionBump(
-            label=trace.labels[uid],
+            label=label,
             op=op,
             old=old,
             new=new,
-            seq=trace._next_seq(),
+            seq=writer.next_seq(),
             site=site,
             object_id=uid,
             hit_buffers=tuple(hits),
@@ -169,14 +170,10 @@ class AliasTracker:
             bypassed_id=source or 0,
             sharer_ids=sharers,
         )
-        if len(trace.version_bumps) < trace.max_records:
-            trace.version_bumps.append(bump)
-        else:
-            trace.dropped_events += 1
         what = _INPLACE_WHAT.get(op)
         if what is None:
             what = _INPLACE_WHAT[op] = f"in-place {op}"
-        trace._sample(what, site)
+        writer.version_bump(bump, what)
         self._rebase_numpy_watches(tensor)
 
     def _rebase_numpy_watches(self, tensor: torch.Tensor) -> None:
@@ -221,22 +218,22 @@ class AliasTracker:
         self._numpy_watches = kept
 
     def _record_numpy_write(self, watch: _NumpyWatch, tensor: torch.Tensor) -> None:
-        trace = self.trace
+        writer = self.writer
         _, hits = self._saved_on(tensor, self.trace.buffers_saved)
         site = self.sites.here(2)
         bump = VersionBump(
-            label=trace.labels.get(watch.array_uid, ""),
+            label=self.trace.labels.get(watch.array_uid, ""),
             op="numpy write",
             old=watch.version,
             new=watch.version,
-            seq=trace._next_seq(),
+            seq=writer.next_seq(),
             site=site,
             object_id=watch.array_uid,
             hit_buffers=tuple(hits),
             bypass=True,
             bypassed_id=watch.tensor_uid,
         )
-        trace.version_bumps.append(bump)
+        writer.version_bump(bump, None)
 
     # ----- aliases and copies ------------------------------------------------------------
     def link(self, out: Any, source: Any, op: str, kind: OpKind, skip: int = 3) -> None:
@@ -255,19 +252,13 @@ class AliasTracker:
     def _add_link(
         self, item: Any, source: Any, op: str, kind: OpKind, shares: bool, site: Site
     ) -> None:
-        trace, registry = self.trace, self.registry
+        writer, registry = self.writer, self.registry
         source_uid = registry.uid(source, "ndarray" if _is_ndarray(source) else "tensor")
         item_uid = registry.uid(item, op)
         for uid in (source_uid, item_uid):
-            trace.labels.setdefault(uid, registry.op_labels[uid])
-            trace.object_kinds[uid] = registry.kinds[uid]
+            writer.name(uid, registry.op_labels[uid], registry.kinds[uid])
         how = op if shares else f"{op} (copy)" if kind is OpKind.ALIAS else op
-        if len(trace.links) < trace.max_records:
-            trace.links.append(
-                AliasLink(item_uid, source_uid, how, shares, trace._next_seq(), site)
-            )
-        else:
-            trace.dropped_events += 1
+        writer.link(AliasLink(item_uid, source_uid, how, shares, writer.next_seq(), site))
         if shares:
             self._shared_with.setdefault(item_uid, set()).add(source_uid)
             self._shared_with.setdefault(source_uid, set()).add(item_uid)
@@ -291,33 +282,28 @@ class AliasTracker:
         also: Callable[[Any, str], None] | None = None,
     ) -> None:
         """Replace op labels by the user's variable paths for objects still alive."""
-        trace = self.trace
         alive = self.registry.alive()
-        trace.alive_at_end = set(alive.values())
         if alive or also is not None:
             names, complete = find_names(namespace, alive, budget_s, also)
         else:  # nothing alive to name and no holder to look for: skip the walk
             names, complete = {}, True
-        for uid in list(trace.labels):
-            trace.labels[uid] = names.get(uid, self.registry.op_labels.get(uid, trace.labels[uid]))
+        labels = {
+            uid: names.get(uid, self.registry.op_labels.get(uid, label))
+            for uid, label in self.trace.labels.items()
+        }
+        self.writer.end_names(labels, set(alive.values()), _version_groups(self.trace.links))
         if not complete:
-            trace.blindspots.append(
+            self.writer.blindspot(
                 Blindspot(
                     "naming-cut",
                     "Looking up variable names ran out of time; some "
                     "tensors keep op labels like exp#3.",
                 )
             )
-        for bump in trace.version_bumps:
-            bump.label = trace.labels.get(bump.object_id, bump.label)
-            if bump.bypassed_id:
-                bump.bypassed = trace.labels.get(bump.bypassed_id, "")
-            bump.sharers = tuple(trace.label(uid) for uid in bump.sharer_ids)
-        _fill_affected(trace)
 
 
-def _fill_affected(trace: Trace) -> None:
-    """Each bump's `affected`: every alias sharing the bumped tensor's version counter."""
+def _version_groups(links: list[AliasLink]) -> dict[int, list[int]]:
+    """uid -> every uid sharing its version counter (detach and views do; .data, NumPy do not)."""
     parent: dict[int, int] = {}
 
     def find(x: int) -> int:
@@ -325,15 +311,13 @@ def _fill_affected(trace: Trace) -> None:
             x = parent[x]
         return x
 
-    for link in trace.links:
+    for link in links:
         if link.shares and link.how in VERSION_SHARING_HOWS:
             parent[find(link.member)] = find(link.source)
     groups: dict[int, list[int]] = {}
     for uid in set(parent) | set(parent.values()):
         groups.setdefault(find(uid), []).append(uid)
-    for bump in trace.version_bumps:
-        members = groups.get(find(bump.object_id), [])
-        bump.affected = tuple(sorted(trace.label(m) for m in members if m != bump.object_id))
+    return {uid: members for members in groups.values() for uid in members}
 
 
 def _write_targets(args: tuple, kwargs: dict) -> list[torch.Tensor]:

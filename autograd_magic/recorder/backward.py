@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from autograd_magic.model.records import BackwardCall
+from autograd_magic.model.records import BackwardCall, Site
 from autograd_magic.recorder.ops import OpKind
 
 if TYPE_CHECKING:
-    from autograd_magic.recorder.core import Recorder
+    from autograd_magic.recorder.writer import TraceWriter
 
 _TENSOR_BACKWARD = torch.Tensor.backward
 BACKWARD_SIGNATURES = {
@@ -25,12 +25,30 @@ BACKWARD_SIGNATURES = {
 }
 
 
-def run_backward(recorder: Recorder, func: Any, kind: OpKind, args: tuple, kwargs: dict) -> Any:
+class BackwardHost(Protocol):
+    """What backward recording needs from the recorder."""
+
+    writer: TraceWriter
+
+    def site(self, skip: int) -> Site:
+        """The user's source position `skip` frames above the caller."""
+        ...
+
+    def check_numpy_writes(self) -> None:
+        """Record NumPy writes made since the last check (before a backward reads the data)."""
+        ...
+
+    def root_node_ids(self, roots: list[torch.Tensor]) -> list[int]:
+        """The recorded node ids of the roots' `grad_fn`s (recording any not seen yet)."""
+        ...
+
+
+def run_backward(host: BackwardHost, func: Any, kind: OpKind, args: tuple, kwargs: dict) -> Any:
     """Run `backward()` / `autograd.grad` and record it: line, flags, what it walked and released,
     and its error (recorded, then re-raised unchanged)."""
     __tracebackhide__ = True
-    trace = recorder.trace
-    site = recorder._sites.here(2)
+    writer = host.writer
+    site = host.site(2)
     if func is _TENSOR_BACKWARD and len(args) == 1 and not kwargs:
         arguments = {"self": args[0]}  # `loss.backward()`: what `bind` gives, without its cost
     else:
@@ -38,21 +56,20 @@ def run_backward(recorder: Recorder, func: Any, kind: OpKind, args: tuple, kwarg
     create_graph = bool(arguments.get("create_graph", False))
     retain_graph = arguments.get("retain_graph")
     retain_graph = create_graph if retain_graph is None else bool(retain_graph)
-    recorder.aliases.check_numpy_writes()
+    host.check_numpy_writes()
     call = BackwardCall(
         "grad" if kind is OpKind.GRAD else "backward",
-        trace._next_seq(),
+        writer.next_seq(),
         site,
         retain_graph,
         create_graph,
     )
-    trace.backward_calls.append(call)
+    writer.add_backward_call(call)
     reached: list[int] = []
     # Bookkeeping must never stop the user's backward.
     with contextlib.suppress(Exception):
-        reached = _reach(recorder, call, _backward_roots(arguments))
-    trace._active_backward = call
-    trace._sample("backward start", site, force=True)
+        reached = _reach(host, call, _backward_roots(arguments))
+    writer.backward_running(call)
     try:
         return func(*args, **kwargs)
     except BaseException as exc:
@@ -61,26 +78,20 @@ def run_backward(recorder: Recorder, func: Any, kind: OpKind, args: tuple, kwarg
         call.reached = tuple(reached)
         raise
     finally:
-        trace._active_backward = None
-        call.end_seq = trace._next_seq()
-        trace._sample("backward", site, force=True)
+        writer.backward_ended(call)
 
 
-def _reach(recorder: Recorder, call: BackwardCall, roots: list[torch.Tensor]) -> list[int]:
+def _reach(host: BackwardHost, call: BackwardCall, roots: list[torch.Tensor]) -> list[int]:
     """Walk the recorded graph a backward call is about to traverse (records only, no nodes)."""
-    recorder._register_outputs(roots, len(recorder._unowned))
-    trace = recorder.trace
-    root_ids = []
-    for tensor in roots:
-        tag = None if tensor.grad_fn is None else tensor.grad_fn.metadata.get(recorder._key)
-        if tag is not None:
-            root_ids.append(tag.node_id)
+    root_ids = host.root_node_ids(roots)
+    writer = host.writer
+    calls = writer.trace.backward_calls
     call.root_ids = tuple(root_ids)
-    index = len(trace.backward_calls) - 1
-    previous = trace.backward_calls[-2].seq if index > 0 else 0
+    index = len(calls) - 1
+    previous = calls[-2].seq if index > 0 else 0
     seen, stack = set(root_ids), list(root_ids)
     while stack:
-        record = trace.node(stack.pop())
+        record = writer.node_record(stack.pop())
         if record is None:
             continue
         if record.reached_by is None:

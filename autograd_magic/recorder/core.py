@@ -13,13 +13,14 @@ import sys
 import threading
 import weakref
 from collections import Counter
+from collections.abc import Callable
 from types import CodeType, TracebackType
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from autograd_magic.model.records import Blindspot, Holder, SavedBuffer, Site
+from autograd_magic.model.records import Blindspot, Finding, Holder, SavedBuffer, Site
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import ACCUMULATE_GRAD
 from autograd_magic.recorder.aliases import AliasTracker
@@ -28,6 +29,7 @@ from autograd_magic.recorder.naming import frame_namespace
 from autograd_magic.recorder.ops import OpKind, classify
 from autograd_magic.recorder.saved import PackedSaved, probe_saved, storage_of
 from autograd_magic.recorder.sites import SiteFinder, site_of_traceback
+from autograd_magic.recorder.writer import NODES_CREATED, TraceWriter
 
 # What each torch function does depends only on the function: classified once per process.
 _KINDS: dict[Any, tuple[OpKind, str]] = {}
@@ -44,8 +46,9 @@ _next_trace_number = 0
 class _NodeTag(tuple):
     """Stored in `node.metadata`; released exactly when the C++ node is destroyed.
 
-    A tuple `(trace_ref, node_id)`: made by tuple's own constructor, with no Python `__init__`
-    to run per node.
+    A tuple `(writer_ref, node_id)`: made by tuple's own constructor, with no Python `__init__`
+    to run per node. The writer is weakly held: once the block is over and the recorder gone,
+    a dying node reports to no one.
     """
 
     __slots__ = ()
@@ -55,13 +58,13 @@ class _NodeTag(tuple):
         return self[1]
 
     def __del__(self) -> None:
-        trace = self[0]()
-        if trace is not None:
+        writer = self[0]()
+        if writer is not None:
             # Never raise from a finalizer: it runs inside autograd. A bare try, not
             # contextlib.suppress: this runs once per node or buffer, and the context manager
             # costs more than the bookkeeping.
             try:  # noqa: SIM105
-                trace._on_node_died(self[1])
+                writer.node_died(self[1])
             except Exception:
                 pass
 
@@ -92,11 +95,15 @@ class Recorder:
         home_code: CodeType | None = None,
         namespace: dict[str, Any] | None = None,
         name_budget_s: float = 0.25,
+        analyze: Callable[[Trace], list[Finding]] | None = None,
     ) -> None:
         global _next_trace_number
         _next_trace_number += 1
         self.trace = trace if trace is not None else Trace()
-        self._trace_ref = weakref.ref(self.trace)
+        self.writer = TraceWriter(self.trace)
+        # Tags and packed buffers reach the writer weakly: they outlive the block in the graph.
+        self._writer_ref = weakref.ref(self.writer)
+        self._analyze = analyze
         self._key = f"autograd_magic:{_next_trace_number}"
         self._home_code = home_code
         self._namespace = namespace
@@ -117,13 +124,13 @@ class Recorder:
         self._original_from_numpy: Any = None
         self._original_hooks_enter: Any = None
         self._blind_lines: set[tuple[str, int]] = set()
-        self.aliases = AliasTracker(self.trace, self._sites)
+        self.aliases = AliasTracker(self.writer, self._sites)
 
     # ----- install / remove -------------------------------------------------------------
     def __enter__(self) -> Trace:
         if self._home_code is None:
             self._home_code = self._sites.home_code = sys._getframe(1).f_code
-        self.trace._locate = self._sites.here
+        self.writer.locate = self._sites.here
         self._sequence_start = _current_sequence_nr()
         self._thread = threading.get_ident()
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
@@ -154,26 +161,31 @@ class Recorder:
             # The mode and hooks point back at this recorder: drop them so no cycle outlives
             # the block (users may run with gc disabled).
             self._mode = self._hooks = None
+        # The block's end state is what the user asked about: later deaths are not the block's.
+        self.writer.flush()
+        self.writer.closed = True
         if exc is not None:
-            self.trace.error = f"{type(exc).__name__}: {exc}"
-            self.trace.error_site = site_of_traceback(tb, self._sites)
+            self.writer.block_error(
+                f"{type(exc).__name__}: {exc}", site_of_traceback(tb, self._sites)
+            )
         namespace = self._namespace
         if namespace is None:
             namespace = frame_namespace(sys._getframe(1))
         try:
             self.finish(namespace)
         except Exception as error:  # never replace the user's exception or result
-            self.trace.blindspots.append(
+            self.writer.blindspot(
                 Blindspot("internal", f"autograd_magic could not finish this trace: {error!r}")
             )
         finally:
             self._namespace = None
+            self.writer.close()
         return False
 
     def finish(self, namespace: dict[str, Any]) -> None:
         """Resolve labels against the user's namespace and compute findings (block has ended)."""
         self.aliases.check_numpy_writes()
-        key, holders, paths = self._key, self.trace.holders, Counter()
+        key, holders, paths = self._key, [], Counter()
 
         def note_holder(obj: Any, path: str) -> None:
             if isinstance(obj, torch.Tensor) and obj.grad_fn is not None:
@@ -188,10 +200,8 @@ class Recorder:
         self.aliases.resolve_labels(
             namespace, self._name_budget_s, also=note_holder if live else None
         )
-        from autograd_magic.analysis.findings import analyze
-
-        self.trace.findings = analyze(self.trace)
-        self.trace.finished = True
+        self.writer.end_holders(holders)
+        self.writer.close(None if self._analyze is None else self._analyze(self.trace))
 
     # ----- per-call path ----------------------------------------------------------------
     def _on_call(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -220,7 +230,7 @@ class Recorder:
         finally:
             self._in_call = False
             self._call_site = None
-        if self.trace._listener is not None:
+        if self.trace.listener is not None:
             self._notify_listener()
         return out
 
@@ -242,15 +252,34 @@ class Recorder:
         finally:
             self._in_call = False
             self._call_site = None
-        if self.trace._listener is not None:
+        if self.trace.listener is not None:
             self._notify_listener()
         return out
+
+    # ----- what backward recording asks of the recorder (backward.BackwardHost) ----------
+    def site(self, skip: int) -> Site:
+        """The user's source position, as `SiteFinder.here(skip)` called by the caller."""
+        return self._sites.here(skip + 1)
+
+    def check_numpy_writes(self) -> None:
+        """Record NumPy writes made since the last check."""
+        self.aliases.check_numpy_writes()
+
+    def root_node_ids(self, roots: list[torch.Tensor]) -> list[int]:
+        """The recorded node ids of the roots' `grad_fn`s (recording any not seen yet)."""
+        self._register_outputs(roots, len(self._unowned))
+        key, ids = self._key, []
+        for tensor in roots:
+            tag = None if tensor.grad_fn is None else tensor.grad_fn.metadata.get(key)
+            if tag is not None:
+                ids.append(tag.node_id)
+        return ids
 
     def _notify_listener(self) -> None:
         # Busy while a live view renders: torch calls it makes are not the user's ops.
         self._busy += 1
         try:
-            self.trace._notify()
+            self.writer.notify()
         finally:
             self._busy -= 1
 
@@ -285,16 +314,16 @@ class Recorder:
                 next_ids.append(tag[1])
         node_id = self._next_node_id
         self._next_node_id = node_id + 1
-        metadata[key] = _NodeTag((self._trace_ref, node_id))
+        metadata[key] = _NodeTag((self._writer_ref, node_id))
         site = self._call_site or self._sites.here(3)
-        trace = self.trace
-        trace._on_new_node(node_id, type(node).__name__, site, tuple(next_ids))
+        writer = self.writer
+        writer.op_node(node_id, type(node).__name__, site, tuple(next_ids))
         unowned = self._unowned
         if unowned:
             if mark == 0:
                 # Everything saved during this op, and one new node (an op's output node is
                 # never AccumulateGrad): it owns them all, as `_assign_buffers` would decide.
-                trace._on_buffers_owned(unowned, node_id)
+                writer.buffers_owned(unowned, node_id)
                 unowned.clear()
             else:
                 self._assign_buffers([(node, node_id, None)], mark, site)
@@ -302,8 +331,8 @@ class Recorder:
 
     def _discover(self, roots: list[Any], mark: int) -> None:
         """Tag every node reachable from `roots` that this trace has not seen; assign buffers."""
-        trace = self.trace
-        key, trace_ref = self._key, self._trace_ref
+        writer = self.writer
+        key, writer_ref = self._key, self._writer_ref
         stack, found = list(roots), []
         while stack:
             node = stack.pop()
@@ -312,14 +341,14 @@ class Recorder:
                 continue
             node_id = self._next_node_id
             self._next_node_id += 1
-            metadata[key] = _NodeTag((trace_ref, node_id))
+            metadata[key] = _NodeTag((writer_ref, node_id))
             next_functions = node.next_functions
             found.append((node, node_id, next_functions))
             for child, _ in next_functions:
                 if child is not None:
                     stack.append(child)
         site = self._call_site or self._sites.here(2)
-        trace._next_seq()
+        writer.next_seq()
         root_ids = {id(root) for root in roots}
         for node, node_id, next_functions in found:
             name = type(node).__name__
@@ -332,10 +361,10 @@ class Recorder:
             next_ids = tuple(
                 [child.metadata[key][1] for child, _ in next_functions if child is not None]
             )
-            trace._on_node_born(node_id, name, site, existed, next_ids)
+            writer.node_born(node_id, name, site, existed, next_ids)
             if name == "CompiledFunctionBackward":
                 self._note_blindspot("compiled", site, _COMPILED_MESSAGE)
-        trace._sample("nodes created", site)
+        writer.sample(NODES_CREATED, site)
         if self._unowned:
             self._assign_buffers(found, mark, site)
 
@@ -343,9 +372,7 @@ class Recorder:
         unowned = self._unowned
         nodes = [(n, i) for n, i, _ in found if type(n).__name__ != ACCUMULATE_GRAD]
         if mark == 0 and len(nodes) == 1:
-            owner = nodes[0][1]
-            for buffer_id in unowned:
-                self.trace._on_buffer_owned(buffer_id, owner)
+            self.writer.buffers_owned(unowned, nodes[0][1])
             unowned.clear()
             return
         owned: set[int] = set()
@@ -354,8 +381,7 @@ class Recorder:
             for node, node_id in nodes:
                 self._probe_hits = hits = []
                 probe_saved(node)
-                for buffer_id in hits:
-                    self.trace._on_buffer_owned(buffer_id, node_id)
+                self.writer.buffers_owned(hits, node_id)
                 owned.update(hits)
         finally:
             self._probe_hits = None
@@ -368,10 +394,10 @@ class Recorder:
         try:
             buffer_id = self._next_buffer_id
             self._next_buffer_id = buffer_id + 1
-            packed = PackedSaved(tensor, self._trace_ref, buffer_id, self._is_old(tensor))
-            trace = self.trace
+            packed = PackedSaved(tensor, self._writer_ref, buffer_id, self._is_old(tensor))
+            writer, trace = self.writer, self.trace
             # Counted as soon as `packed` exists: its finalizer uncounts it.
-            trace._live_buffers += 1
+            writer.live_buffers += 1
             packed.storage_key, storage_nbytes = storage_of(tensor)
             trace.seq += 1
             site = self._call_site
@@ -398,10 +424,9 @@ class Recorder:
                 site,
                 packed.storage_key,
             )
-            trace._on_buffer_saved(buffer, packed.storage_key)
             self.aliases.watch_saved(packed)
             self._unowned.append(buffer_id)
-            trace._sample("buffer saved", site)
+            writer.buffer_saved(buffer, packed.storage_key)
             return packed
         finally:
             self._busy -= 1
@@ -458,7 +483,7 @@ class Recorder:
         if (kind, site.line) in self._blind_lines:
             return
         self._blind_lines.add((kind, site.line))
-        self.trace.blindspots.append(Blindspot(kind, message.format(line=site.line), site.line))
+        self.writer.blindspot(Blindspot(kind, message.format(line=site.line), site.line))
 
 
 _COMPILED_MESSAGE = (
@@ -495,12 +520,3 @@ def _current_sequence_nr() -> int:
     with torch.enable_grad():
         probe = torch.zeros((), requires_grad=True).mul(1)
         return probe.grad_fn._sequence_nr()
-
-
-def track(**options: Any) -> Recorder:
-    """Record autograd nodes, saved buffers, shared storage and version bumps in a block.
-
-    `with autograd_magic.track() as trace:` yields a `Trace`, usable during and after the block.
-    Options: `home_code`, `namespace` (where to look up variable names), `name_budget_s`.
-    """
-    return Recorder(**options)

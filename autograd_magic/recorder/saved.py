@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from autograd_magic.model.trace import Trace
+    from autograd_magic.recorder.writer import TraceWriter
 
 
 class PackedSaved:
@@ -29,14 +29,14 @@ class PackedSaved:
         "output_nr",
         "storage_key",
         "tensor",
-        "trace_ref",
         "version",
+        "writer_ref",
     )
 
     def __init__(
         self,
         tensor: torch.Tensor,
-        trace_ref: weakref.ref[Trace],
+        writer_ref: weakref.ref[TraceWriter],
         buffer_id: int,
         keep_original: bool = False,
     ) -> None:
@@ -45,7 +45,7 @@ class PackedSaved:
         # freeing moment unchanged; `keep_original` is only set when `tensor.grad_fn` cannot be
         # the node being built, so the output cycle of trap 1 cannot form.
         self.version = tensor._version
-        self.trace_ref = trace_ref
+        self.writer_ref = writer_ref
         self.buffer_id = buffer_id
         if keep_original:
             self.tensor = tensor
@@ -63,13 +63,13 @@ class PackedSaved:
         self.storage_key = 0
 
     def __del__(self) -> None:
-        trace = self.trace_ref()
-        if trace is not None:
+        writer = self.writer_ref()
+        if writer is not None:
             # Never raise from a finalizer: it runs inside autograd. A bare try, not
             # contextlib.suppress: this runs once per node or buffer, and the context manager
             # costs more than the bookkeeping.
             try:  # noqa: SIM105
-                trace._on_buffer_released(self.buffer_id, self.is_leaf, self.storage_key)
+                writer.buffer_released(self.buffer_id, self.is_leaf, self.storage_key)
             except Exception:
                 pass
 

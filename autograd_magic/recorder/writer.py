@@ -1,0 +1,367 @@
+"""`TraceWriter`: the one place that changes a `Trace` while a block records.
+
+Folds events into counters and records, keeps the timeline bounded (runs of one event on one line
+fold into one sample; above the cap the resolution halves), enforces the record caps, calls the
+live listener, and freezes the trace when the block ends: deaths after that are not the block's.
+Called on the per-op path, so the event methods are written for speed (locals, no helpers).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from autograd_magic.model.records import (
+    UNKNOWN_SITE,
+    AliasLink,
+    BackwardCall,
+    Blindspot,
+    Finding,
+    Holder,
+    NodeRecord,
+    SavedBuffer,
+    Site,
+    VersionBump,
+)
+from autograd_magic.model.trace import TimelineSample, Trace
+
+NODES_CREATED = "nodes created"
+NODE_FREED = "node freed"
+BACKWARD_MARKERS = ("backward start", "backward")
+_SAMPLE = TimelineSample
+_new_sample = tuple.__new__  # the NamedTuple's own __new__ is a Python function (per event)
+
+
+class TraceWriter:
+    """Writes one block's events into `trace`; `close()` ends the block for good."""
+
+    def __init__(self, trace: Trace, locate: Callable[[int], Site] | None = None) -> None:
+        self.trace = trace
+        self.closed = False
+        # Where an event happened when it carries no site (a node dying): `locate(skip)`.
+        self.locate = locate
+        self.active_backward: BackwardCall | None = None
+        # Packed objects autograd still holds (saved, not released): counted by the pack hook as
+        # soon as one exists, since its finalizer uncounts it.
+        self.live_buffers = 0
+        self._nodes: dict[int, NodeRecord] = {}
+        self._buffers: dict[int, SavedBuffer] = {}
+        # Live non-leaf saved buffers per storage key, and that storage's bytes (two dicts of ints:
+        # no object per storage for the cycle collector to scan).
+        self._storage_counts: dict[int, int] = {}
+        self._storage_bytes: dict[int, int] = {}
+        # A run of one event kind on one line is one timeline sample, its numbers kept as three
+        # ints until the run ends: no allocation per op.
+        self._run_open = False
+        self._run_seq = self._run_live = self._run_bytes = 0
+        self._last_what: str | None = None
+        self._last_line: int | None = None
+        self._timeline_stride = 1
+        self._listened_at = time.monotonic()
+        self._calls_to_clock = 0
+
+    # ----- lookups for the recorder -------------------------------------------------------
+    def node_record(self, node_id: int) -> NodeRecord | None:
+        """The record of a node written in this block (None beyond the cap)."""
+        return self._nodes.get(node_id)
+
+    def next_seq(self) -> int:
+        """A new sequence number for an event."""
+        trace = self.trace
+        trace.seq += 1
+        return trace.seq
+
+    # ----- nodes --------------------------------------------------------------------------
+    def node_born(
+        self, node_id: int, name: str, site: Site, existed_before: bool, next_ids: tuple[int, ...]
+    ) -> None:
+        """One node found by a graph walk (the caller takes the sequence number and sample)."""
+        trace = self.trace
+        trace.nodes_created += 1
+        trace.live_nodes += 1
+        if trace.live_nodes > trace.peak_live_nodes:
+            trace.peak_live_nodes = trace.live_nodes
+        if len(trace.nodes) >= trace.max_records:
+            trace.dropped_nodes += 1
+            return
+        record = NodeRecord(node_id, name, trace.seq, site, next_ids, existed_before=existed_before)
+        trace.nodes.append(record)
+        self._nodes[node_id] = record
+
+    def op_node(self, node_id: int, name: str, site: Site, next_ids: tuple[int, ...]) -> None:
+        """The node an op just made (the per-op path): a new sequence number, the record and the
+        timeline, in one call."""
+        trace = self.trace
+        trace.seq = seq = trace.seq + 1
+        trace.nodes_created += 1
+        trace.live_nodes = live = trace.live_nodes + 1
+        if live > trace.peak_live_nodes:
+            trace.peak_live_nodes = live
+        if len(trace.nodes) < trace.max_records:
+            record = NodeRecord(node_id, name, seq, site, next_ids)
+            trace.nodes.append(record)
+            self._nodes[node_id] = record
+        else:
+            trace.dropped_nodes += 1
+        line = site.outer_line
+        if line is None:
+            line = site.line
+        if line == self._last_line and self._last_what == NODES_CREATED:  # `sample`'s run, inline
+            self._run_seq = seq
+            self._run_live = live
+            self._run_bytes = trace.retained_bytes
+            self._run_open = True
+        else:
+            self.sample(NODES_CREATED, site)
+
+    def node_died(self, node_id: int) -> None:
+        """A tagged node was destroyed (called from its tag's finalizer)."""
+        if self.closed:
+            return
+        call = self.active_backward
+        if call is not None:
+            site = call.site
+        else:
+            locate = self.locate
+            site = UNKNOWN_SITE if locate is None else locate(2)
+        trace = self.trace
+        trace.live_nodes = live = trace.live_nodes - 1
+        trace.seq = seq = trace.seq + 1
+        record = self._nodes.get(node_id)
+        if record is not None:
+            record.freed_seq = seq
+            record.freed_site = site
+        line = site.outer_line
+        if line is None:
+            line = site.line
+        if line == self._last_line and self._last_what == NODE_FREED:
+            self._run_seq = seq
+            self._run_live = live
+            self._run_bytes = trace.retained_bytes
+            self._run_open = True
+        else:
+            self.sample(NODE_FREED, site)
+
+    # ----- saved buffers -------------------------------------------------------------------
+    def buffer_saved(self, buffer: SavedBuffer, storage_key: int) -> None:
+        """A tensor was saved for backward (its sequence number is already taken)."""
+        trace = self.trace
+        trace.buffers_saved += 1
+        if not buffer.is_leaf:
+            counts = self._storage_counts
+            count = counts.get(storage_key)
+            if count is None:
+                counts[storage_key] = 1
+                self._storage_bytes[storage_key] = buffer.storage_nbytes
+                trace.retained_bytes += buffer.storage_nbytes
+                if trace.retained_bytes > trace.peak_retained_bytes:
+                    trace.peak_retained_bytes = trace.retained_bytes
+            else:
+                counts[storage_key] = count + 1
+        if len(trace.buffers) >= trace.max_records:
+            trace.dropped_buffers += 1
+        else:
+            trace.buffers.append(buffer)
+            self._buffers[buffer.id] = buffer
+        self.sample("buffer saved", buffer.saved_site)
+
+    def buffers_owned(self, buffer_ids: list[int], node_id: int) -> None:
+        """These saved buffers belong to that node."""
+        index = self._buffers
+        for buffer_id in buffer_ids:
+            record = index.get(buffer_id)
+            if record is not None:
+                record.node_id = node_id
+
+    def buffer_released(self, buffer_id: int, is_leaf: bool, storage_key: int) -> None:
+        """Autograd let go of a saved buffer (called from the packed object's finalizer)."""
+        if self.closed:
+            return
+        self.live_buffers -= 1
+        call = self.active_backward
+        if call is not None:
+            site = call.site
+        else:
+            locate = self.locate
+            site = UNKNOWN_SITE if locate is None else locate(2)
+        trace = self.trace
+        if not is_leaf:
+            counts = self._storage_counts
+            count = counts.get(storage_key)
+            if count == 1:
+                del counts[storage_key]
+                nbytes = self._storage_bytes.pop(storage_key)
+                trace.retained_bytes -= nbytes
+                if call is not None:
+                    call.released_bytes += nbytes
+            elif count is not None:
+                counts[storage_key] = count - 1
+        trace.seq = seq = trace.seq + 1
+        record = self._buffers.get(buffer_id)
+        if record is not None:
+            record.freed_seq = seq
+            record.freed_site = site
+        if call is not None:
+            call.released_buffers += 1
+        self.sample("buffer released", site)
+
+    # ----- aliases, writes, names -----------------------------------------------------------
+    def name(self, uid: int, op_label: str, kind: str | None = None) -> str:
+        """The label of a tracked tensor/array, registering `op_label` the first time, and its
+        kind ('tensor', 'ndarray') for storage members. Capped at `max_records` objects: beyond
+        it an object keeps its op label in the records it appears in, and nothing more."""
+        trace = self.trace
+        labels = trace.labels
+        label = labels.get(uid)
+        if label is None:
+            if len(labels) >= trace.max_records:
+                return op_label
+            label = labels[uid] = op_label
+        if kind is not None:
+            trace.object_kinds[uid] = kind
+        return label
+
+    def link(self, link: AliasLink) -> None:
+        """An alias or copy link (counted, not kept, beyond the record cap)."""
+        trace = self.trace
+        if len(trace.links) < trace.max_records:
+            trace.links.append(link)
+        else:
+            trace.dropped_events += 1
+
+    def version_bump(self, bump: VersionBump, what: str | None) -> None:
+        """An in-place write; `what` labels its timeline sample (None: no sample)."""
+        trace = self.trace
+        if len(trace.version_bumps) < trace.max_records:
+            trace.version_bumps.append(bump)
+        else:
+            trace.dropped_events += 1
+        if what is not None:
+            self.sample(what, bump.site)
+
+    def blindspot(self, blindspot: Blindspot) -> None:
+        """Something the recorder could not see."""
+        self.trace.blindspots.append(blindspot)
+
+    def end_names(
+        self, labels: dict[int, str], alive: set[int], version_groups: dict[int, list[int]]
+    ) -> None:
+        """The user's names at the end of the block, which objects were still alive, and each
+        bump's aliases (`affected`, from the groups sharing a version counter)."""
+        trace = self.trace
+        trace.labels = labels
+        trace.alive_at_end = alive
+        for bump in trace.version_bumps:
+            bump.label = labels.get(bump.object_id, bump.label)
+            if bump.bypassed_id:
+                bump.bypassed = labels.get(bump.bypassed_id, "")
+            bump.sharers = tuple(trace.label(uid) for uid in bump.sharer_ids)
+            members = version_groups.get(bump.object_id, ())
+            bump.affected = tuple(sorted(trace.label(m) for m in members if m != bump.object_id))
+
+    def end_holders(self, holders: list[Holder]) -> None:
+        """User-visible paths that keep a live graph root alive at the end of the block."""
+        self.trace.holders.extend(holders)
+
+    def block_error(self, message: str, site: Site | None) -> None:
+        """The exception that ended the block."""
+        self.trace.error = message
+        self.trace.error_site = site
+
+    def add_backward_call(self, call: BackwardCall) -> None:
+        """A backward/grad call was made (it runs after `backward_running`)."""
+        self.trace.backward_calls.append(call)
+
+    def backward_running(self, call: BackwardCall) -> None:
+        """The engine starts: buffers and nodes released until it ends are attributed to it."""
+        self.active_backward = call
+        self.sample("backward start", call.site, force=True)
+
+    def backward_ended(self, call: BackwardCall) -> None:
+        """The backward call returned or raised."""
+        self.active_backward = None
+        call.end_seq = self.next_seq()
+        self.sample("backward", call.site, force=True)
+
+    # ----- timeline ------------------------------------------------------------------------
+    def sample(self, what: str, site: Site, force: bool = False) -> None:
+        """Record the state after an event; a run of the same event on one line folds into one
+        sample. Backward markers (`force`) are always kept."""
+        trace = self.trace
+        # The traced code's own line (the cell line), also for events inside a user's forward.
+        line = site.outer_line
+        if line is None:
+            line = site.line
+        if not force and what == self._last_what and line == self._last_line:
+            self._run_seq = trace.seq
+            self._run_live = trace.live_nodes
+            self._run_bytes = trace.retained_bytes
+            self._run_open = True
+            return
+        if not force and trace.seq % self._timeline_stride:
+            return
+        if self._run_open:
+            self.flush()
+        timeline = trace.timeline
+        timeline.append(
+            _new_sample(_SAMPLE, (trace.seq, trace.live_nodes, trace.retained_bytes, what, line))
+        )
+        self._last_what, self._last_line = what, line
+        if len(timeline) >= trace.max_timeline:
+            self._thin_timeline()
+
+    def flush(self) -> None:
+        """Write the open run's numbers into its sample (before anyone reads the timeline)."""
+        if self._run_open:
+            timeline = self.trace.timeline
+            last = timeline[-1]
+            timeline[-1] = _new_sample(
+                _SAMPLE, (self._run_seq, self._run_live, self._run_bytes, last.what, last.line)
+            )
+            self._run_open = False
+
+    def _thin_timeline(self) -> None:
+        """Halve the timeline's resolution, keeping every backward marker (bounded memory)."""
+        self.flush()
+        timeline = self.trace.timeline
+        kept = [s for i, s in enumerate(timeline) if i % 2 == 0 or s.what in BACKWARD_MARKERS]
+        timeline[:] = kept
+        self._timeline_stride *= 2
+        last = timeline[-1] if timeline else None
+        self._last_what = None if last is None else last.what
+        self._last_line = None if last is None else last.line
+
+    # ----- the live listener ---------------------------------------------------------------
+    def notify(self) -> None:
+        """Call the trace's listener if its interval has passed (checked every 32 calls)."""
+        # Reading the clock on every torch call costs more than the view: look every 32 calls.
+        self._calls_to_clock -= 1
+        if self._calls_to_clock > 0:
+            return
+        trace = self.trace
+        interval = trace.listen_interval_s
+        self._calls_to_clock = 32 if interval > 0 else 1
+        if time.monotonic() - self._listened_at < interval:
+            return
+        listener = trace.listener
+        if listener is None:
+            return
+        self.flush()
+        try:
+            listener(trace)
+        except Exception:  # a broken view must not break the user's code
+            trace.listener = None
+        # Counted from the end of this update, so updates are at least `interval` apart however
+        # long one takes to send.
+        self._listened_at = time.monotonic()
+
+    # ----- the end -------------------------------------------------------------------------
+    def close(self, findings: list[Finding] | None = None) -> None:
+        """End the block: the timeline is complete, findings are set, and nothing written later
+        (a node dying in the next cell) changes this trace."""
+        self.flush()
+        if findings is not None:
+            self.trace.findings = findings
+        self.trace.finished = True
+        self.closed = True
+        self.active_backward = None
