@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from instrumentation import installed
+from scenarios import Probe, assert_same, grads, params, run_tracked, run_untracked
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import autograd_magic as am
-from tests.scenarios import Probe, assert_same, grads, params, run_tracked, run_untracked
 
 # PyTorch's anomaly mode warns in both runs of the scenario that enables it.
 pytestmark = pytest.mark.filterwarnings("ignore:Error detected in:UserWarning")
@@ -405,19 +406,13 @@ def test_tracking_changes_nothing_the_user_can_see(scenario, gc_disabled):
 # ----- what the trace says about the same scenarios --------------------------------------------
 
 
-def _installed() -> tuple:
-    from tests.conftest import _installed as installed
-
-    return installed()
-
-
 def test_a_block_that_raises_propagates_unchanged_and_uninstalls(gc_disabled):
     """GIVEN a block that raises mid-way WHEN it ends THEN the same exception object reaches the
     caller, nothing stays installed and the trace records the error and its line."""
-    before = _installed()
+    before = installed()
     with pytest.raises(ValueError, match=r"^boom after \(3,\)$"), am.track() as trace:
         raises_midway(Probe())
-    assert _installed() == before
+    assert installed() == before
     assert trace.error == "ValueError: boom after (3,)"
     assert trace.error_site is not None and trace.error_site.function == "raises_midway"
     assert trace.finished
@@ -425,10 +420,10 @@ def test_a_block_that_raises_propagates_unchanged_and_uninstalls(gc_disabled):
 
 def test_keyboard_interrupt_inside_the_block_uninstalls_everything(gc_disabled):
     """GIVEN a KeyboardInterrupt raised inside the block THEN it propagates and nothing stays."""
-    before = _installed()
+    before = installed()
     with pytest.raises(KeyboardInterrupt), am.track() as trace:
         keyboard_interrupt(Probe())
-    assert _installed() == before
+    assert installed() == before
     assert trace.error is not None and trace.error.startswith("KeyboardInterrupt")
     assert any(n.name == "SinBackward0" for n in trace.nodes)
 

@@ -3,26 +3,18 @@ silent on the correct version of the same code."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from markers import marker_lines
 
 import autograd_magic as am
 from autograd_magic.analysis.findings import KINDS, analyze
 from autograd_magic.model.units import format_bytes
 
-_SOURCE = Path(__file__).read_text().splitlines()
-
-
-def line_of(marker: str) -> int:
-    """The line number of the only source line ending with `# <marker>`."""
-    hits = [i + 1 for i, text in enumerate(_SOURCE) if text.rstrip().endswith(f"# {marker}")]
-    assert len(hits) == 1, marker
-    return hits[0]
+line_of = marker_lines(__file__)
 
 
 def kinds(trace: am.Trace) -> list[str]:
@@ -77,7 +69,7 @@ def test_running_total_loss_keeps_every_iterations_graph(model):
         for _ in range(3):
             loss = F.mse_loss(model(data), target)
             loss.backward()
-            total_loss += loss  # ACCUMULATE
+            total_loss += loss  # L:ACCUMULATE
     finding = only(trace, "kept-alive")
     assert finding.holder == "total_loss"
     assert finding.line == line_of("ACCUMULATE")
@@ -101,7 +93,7 @@ def test_list_of_losses_is_reported_by_container_name(model):
     with am.track() as trace:
         losses = []
         for _ in range(3):
-            loss = F.mse_loss(model(data), target)  # LOSS
+            loss = F.mse_loss(model(data), target)  # L:LOSS
             loss.backward()
             losses.append(loss)
     finding = only(trace, "kept-alive")
@@ -120,7 +112,7 @@ def test_module_attribute_self_loss_is_reported(model):
     data, target = torch.randn(16, 8), torch.randn(16, 1)
     with am.track() as trace:
         for _ in range(2):
-            crit(model(data), target).backward()  # CRIT
+            crit(model(data), target).backward()  # L:CRIT
     finding = only(trace, "kept-alive")
     assert finding.holder == "crit.loss"
     assert finding.line == line_of("CRIT")
@@ -133,8 +125,8 @@ def test_rnn_hidden_state_with_retain_graph_grows_and_names_the_carried_variable
     with am.track() as trace:
         h = torch.zeros(1, 8)
         for _ in range(4):
-            h = cell(torch.randn(1, 4), h)  # CARRY
-            h.sum().backward(retain_graph=True)  # RETAIN
+            h = cell(torch.randn(1, 4), h)  # L:CARRY
+            h.sum().backward(retain_graph=True)  # L:RETAIN
     growth = only(trace, "graph-growth")
     assert growth.holder == "h"
     assert growth.line == line_of("CARRY")
@@ -159,13 +151,13 @@ def test_rnn_hidden_state_detached_is_clean():
 def test_backward_twice_names_the_releasing_backward_and_the_shared_part():
     with am.track() as trace:
         a = torch.rand(1, 4, requires_grad=True)
-        b = a**2  # SHARED
+        b = a**2  # L:SHARED
         c = b * 2
         d = c.mean()
         e = c.sum()
-        d.backward()  # FIRST
+        d.backward()  # L:FIRST
         with pytest.raises(RuntimeError, match="backward through the graph a second time"):
-            e.backward()  # SECOND
+            e.backward()  # L:SECOND
     finding = only(trace, "backward-through-freed")
     assert finding.line == line_of("SECOND")
     assert line_of("FIRST") in finding.related_lines
@@ -191,10 +183,10 @@ def test_two_heads_on_a_shared_trunk():
     trunk, head1, head2 = nn.Linear(8, 16), nn.Linear(16, 1), nn.Linear(16, 1)
     x = torch.randn(4, 8)
     with am.track() as trace:
-        features = torch.tanh(trunk(x))  # TRUNK
+        features = torch.tanh(trunk(x))  # L:TRUNK
         loss1 = head1(features).pow(2).mean()
         loss2 = head2(features).pow(2).mean()
-        loss1.backward()  # HEAD1
+        loss1.backward()  # L:HEAD1
         with pytest.raises(RuntimeError):
             loss2.backward()
     finding = only(trace, "backward-through-freed")
@@ -215,15 +207,15 @@ def test_a_graph_built_once_and_reused_every_iteration_is_named_not_a_carried_va
     model = nn.Linear(1, 1)
     with am.track() as trace:
         x = torch.randn((20, 1), requires_grad=True)
-        y = 1 + 2 * x + 0.3 * torch.randn(20, 1)  # BUILT
-        y_train = y[:14]  # SLICED
+        y = 1 + 2 * x + 0.3 * torch.randn(20, 1)  # L:BUILT
+        y_train = y[:14]  # L:SLICED
         for _ in range(2):
             loss = ((model(x[:14]) - y_train) ** 2).mean()
             if _ == 1:
                 with pytest.raises(RuntimeError, match="a second time"):
-                    loss.backward()  # AGAIN
+                    loss.backward()  # L:AGAIN
             else:
-                loss.backward()  # ONCE
+                loss.backward()  # L:ONCE
     finding = only(trace, "backward-through-freed")
     assert finding.line == line_of("AGAIN")
     assert {line_of("BUILT"), line_of("SLICED"), line_of("ONCE")} <= set(finding.related_lines)
@@ -236,7 +228,7 @@ def test_retained_graph_left_unreleased_is_reported_with_bytes():
     with am.track() as trace:
         y = torch.tanh(x @ x)
         loss = y.sum()
-        loss.backward(retain_graph=True)  # KEEP
+        loss.backward(retain_graph=True)  # L:KEEP
     finding = only(trace, "retained-graph")
     assert finding.line == line_of("KEEP")
     assert finding.nbytes == trace.snapshot().retained_bytes > 0
@@ -248,8 +240,8 @@ def test_retained_graph_left_unreleased_is_reported_with_bytes():
 def test_inplace_relu_on_a_saved_output_is_reported_before_backward_fails():
     x = torch.randn(10, requires_grad=True)
     with am.track() as trace:
-        y = torch.sigmoid(x * 2)  # SAVES
-        F.relu(y, inplace=True)  # WRITE
+        y = torch.sigmoid(x * 2)  # L:SAVES
+        F.relu(y, inplace=True)  # L:WRITE
     finding = only(trace, "inplace-on-saved")
     assert finding.line == line_of("WRITE")
     assert line_of("SAVES") in finding.related_lines
@@ -280,7 +272,7 @@ def test_inplace_through_detach_alias_counts_and_shares():
     with am.track() as trace:
         y = x.exp()
         d = y.detach()
-        d.add_(1)  # ALIAS
+        d.add_(1)  # L:ALIAS
     assert only(trace, "inplace-on-saved").line == line_of("ALIAS")
     shared = only(trace, "shared-write")
     assert "`d`" in shared.message and "`y`" in shared.message
@@ -294,7 +286,7 @@ def test_optimizer_step_on_weights_a_retained_graph_saved():
     with am.track() as trace:
         out = (lin(x) ** 2).sum()
         out.backward(retain_graph=True)
-        opt.step()  # STEP
+        opt.step()  # L:STEP
     finding = only(trace, "inplace-on-saved")
     assert finding.line == line_of("STEP")
     assert "optimizer" in finding.message
@@ -304,7 +296,7 @@ def test_numpy_write_to_a_from_numpy_tensor_is_a_shared_write_when_named():
     with am.track() as trace:
         arr = np.zeros(3, dtype=np.float32)
         t = torch.from_numpy(arr)
-        t.add_(1)  # NPWRITE
+        t.add_(1)  # L:NPWRITE
     finding = only(trace, "shared-write")
     assert finding.line == line_of("NPWRITE")
     assert "`arr`" in finding.message
@@ -322,8 +314,8 @@ def test_clone_then_write_is_clean():
 def test_data_write_after_save_is_a_silent_bypass():
     w = torch.randn(5, requires_grad=True)
     with am.track() as trace:
-        z = w.exp()  # EXP
-        z.data.mul_(2)  # DATA
+        z = w.exp()  # L:EXP
+        z.data.mul_(2)  # L:DATA
         z.sum().backward()
     finding = only(trace, "data-bypass")
     assert finding.line == line_of("DATA")
@@ -338,7 +330,7 @@ def test_numpy_write_after_save_is_a_silent_bypass():
         src = torch.from_numpy(arr)
         prod = w * src
         arr[0] = 100.0
-        prod.sum().backward()  # SEEN
+        prod.sum().backward()  # L:SEEN
     finding = only(trace, "data-bypass")
     assert finding.line == line_of("SEEN")
     assert "`arr`" in finding.message and "`src`" in finding.message
@@ -356,7 +348,7 @@ def test_data_write_before_forward_is_clean():
 def test_inference_without_no_grad_reports_unused_graph(model):
     with am.track() as trace:
         for _ in range(3):
-            out = model(torch.randn(4, 8))  # INFER
+            out = model(torch.randn(4, 8))  # L:INFER
     assert out.requires_grad
     finding = only(trace, "unused-graph")
     assert finding.line == line_of("INFER")
@@ -370,13 +362,13 @@ def test_seed_per_sample_forward_graphs_freed_when_out_is_rebound(model):
     with am.track() as trace:
         total_loss = 0
         for i in range(len(target)):
-            out = model(data[i].unsqueeze(0))  # FORWARD
+            out = model(data[i].unsqueeze(0))  # L:FORWARD
             if i % 2:
                 continue
             total_loss += F.mse_loss(out.squeeze(), target[i])
             if i % 4 == 2:
-                total_loss.backward()  # BACKWARD
-                total_loss = 0  # RESET
+                total_loss.backward()  # L:BACKWARD
+                total_loss = 0  # L:RESET
     finding = only(trace, "unused-graph")
     assert finding.line == line_of("FORWARD")
     assert f"most at line {line_of('FORWARD')}" in finding.message
@@ -393,10 +385,10 @@ def test_a_partial_batch_left_in_the_running_sum_is_named(model):
         total_loss, count = 0, 0
         for i in range(len(target)):
             out = model(data[i].unsqueeze(0))
-            total_loss += F.mse_loss(out.squeeze(), target[i])  # SUM
+            total_loss += F.mse_loss(out.squeeze(), target[i])  # L:SUM
             count += 1
             if count == 3:
-                total_loss.backward()  # FLUSH
+                total_loss.backward()  # L:FLUSH
                 total_loss, count = 0, 0
     finding = only(trace, "unused-graph")
     assert finding.holder == "total_loss"
@@ -426,7 +418,7 @@ def test_a_data_write_names_the_detached_copy_it_changed_and_not_the_clone():
         a = torch.tensor(1.0, requires_grad=True)
         b = a.clone()
         c = a.detach()
-        a.data *= 3  # DATA_WRITE
+        a.data *= 3  # L:DATA_WRITE
         b += 1
     finding = only(trace, "shared-write")
     assert finding.line == line_of("DATA_WRITE") and finding.holder == "a.data"
@@ -452,7 +444,7 @@ def test_a_carried_lstm_state_is_named_with_the_tuple_detach():
     with am.track() as trace:
         hidden = (torch.zeros(1, 1, 4), torch.zeros(1, 1, 4))
         for step in range(2):
-            out, hidden = lstm(torch.randn(5, 1, 1), hidden)  # CARRIED
+            out, hidden = lstm(torch.randn(5, 1, 1), hidden)  # L:CARRIED
             if step:
                 with pytest.raises(RuntimeError, match="a second time"):
                     out.sum().backward()

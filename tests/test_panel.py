@@ -6,7 +6,7 @@ import gc
 import weakref
 
 import torch
-from test_report import handmade_trace
+from traces import handmade_trace
 
 import autograd_magic
 from autograd_magic.views.panel import TracePanel, live_panel

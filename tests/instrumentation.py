@@ -1,0 +1,17 @@
+"""What autograd_magic installs while a block runs, read from torch itself (tests compare it
+before and after)."""
+
+from __future__ import annotations
+
+import torch
+from torch.overrides import _get_current_function_mode_stack
+
+
+def installed() -> tuple:
+    """Function modes, the innermost saved-tensor hooks, and the two patched entry points."""
+    return (
+        len(_get_current_function_mode_stack()),
+        torch._C._autograd._top_saved_tensors_default_hooks(False),
+        torch.from_numpy,
+        torch.autograd.graph.saved_tensors_hooks.__enter__,
+    )

@@ -1,0 +1,87 @@
+"""Hand-made traces for view tests: records built directly, no recorder runs (as memray's
+reporter tests feed hand-made records)."""
+
+from __future__ import annotations
+
+from autograd_magic.model.records import (
+    AliasLink,
+    BackwardCall,
+    Blindspot,
+    Finding,
+    NodeRecord,
+    SavedBuffer,
+    Site,
+    VersionBump,
+)
+from autograd_magic.model.trace import TimelineSample, Trace
+
+
+def site(line: int) -> Site:
+    return Site("<cell>", line)
+
+
+def handmade_trace(error: bool = False) -> Trace:
+    """x (leaf, line 2) -> Mul (line 2) -> Exp (line 3) -> Sum (line 4); backward at line 5
+    with retain_graph released Exp's saved result; Exp freed at line 6; h_view shares h's
+    memory (detach), h_copy is a clone; h_view written in place at line 6 and through .data
+    (bypass) at line 7; optionally an error at line 7."""
+    nodes = [
+        NodeRecord(1, "AccumulateGrad", 1, site(2)),
+        NodeRecord(2, "MulBackward0", 1, site(2), next_ids=(1,)),
+        NodeRecord(3, "ExpBackward0", 2, site(3), (2,), freed_seq=9, freed_site=site(6)),
+        NodeRecord(4, "SumBackward0", 3, site(4), next_ids=(3,)),
+    ]
+    buffers = [
+        SavedBuffer(1, 2, (2, 3), "float32", "cpu", 24, 24, True, False, 0, 1, site(2)),
+        SavedBuffer(
+            2,
+            3,
+            (2, 3),
+            "float32",
+            "cpu",
+            24,
+            24,
+            False,
+            False,
+            0,
+            2,
+            site(3),
+            freed_seq=8,
+            freed_site=site(5),
+        ),
+        SavedBuffer(3, 4, (1024,), "float32", "cpu", 4096, 4096, False, False, 0, 3, site(4)),
+    ]
+    trace = Trace.from_records(nodes, buffers)
+    trace.backward_calls = [
+        BackwardCall("backward", 7, site(5), True, False, 8, 1, 24),
+    ]
+    trace.timeline = [
+        TimelineSample(1, 2, 0, "nodes created", 2),
+        TimelineSample(2, 3, 24, "nodes created", 3),
+        TimelineSample(3, 4, 4120, "nodes created", 4),
+        TimelineSample(7, 4, 4120, "backward start", 5),
+        TimelineSample(8, 4, 4096, "buffer released", 5),
+        TimelineSample(8, 4, 4096, "backward", 5),
+        TimelineSample(9, 3, 4096, "node freed", 6),
+    ]
+    trace.links = [
+        AliasLink(11, 10, "detach", True, 4, site(4)),
+        AliasLink(12, 11, "clone", False, 5, site(5)),
+    ]
+    trace.labels = {10: "h", 11: "h_view", 12: "h_copy"}
+    trace.version_bumps = [
+        VersionBump("h_view", "add_", 0, 1, 6, site(6), affected=("h",)),
+        VersionBump("h_view", "mul_", 1, 1, 7, site(7), bypass=True, bypassed="h"),
+    ]
+    trace.findings = [
+        Finding("kept-alive", "`loss` keeps the graph built at line 4 alive.", 4, (2, 3)),
+    ]
+    trace.blindspots = [Blindspot("compiled", "Code compiled with torch.compile ran.", 3)]
+    trace.live_nodes, trace.peak_live_nodes = 3, 4
+    trace.retained_bytes, trace.peak_retained_bytes = 4096, 4120
+    trace.nodes_created, trace.buffers_saved = 4, 3
+    trace.finished = True
+    if error:
+        trace.error = "RuntimeError: boom."
+        trace.error_site = site(7)
+    return trace
