@@ -170,7 +170,12 @@ class Recorder:
             )
         namespace = self._namespace
         if namespace is None:
-            namespace = frame_namespace(sys._getframe(1))
+            frame = sys._getframe(1)
+            namespace = frame_namespace(frame)
+            if namespace is None:
+                namespace = dict(frame.f_globals)
+                self.writer.blindspot(Blindspot("names", _LOCALS_MESSAGE))
+            del frame
         try:
             self.finish(namespace)
         except Exception as error:  # never replace the user's exception or result
@@ -489,6 +494,10 @@ class Recorder:
 _COMPILED_MESSAGE = (
     "Code compiled with torch.compile ran at line {line}: its inner operations and the tensors "
     "it saves are hidden inside one CompiledFunctionBackward node."
+)
+_LOCALS_MESSAGE = (
+    "This Python version's function locals cannot be read without changing them: tensors held "
+    "only by local variables are not named."
 )
 _HOOKS_MESSAGE = (
     "Your own saved-tensor hooks (torch.utils.checkpoint, save_on_cpu, ...) were active at line "

@@ -6,6 +6,7 @@ Breadth-first, so the shortest path wins; time-boxed, and says so when cut.
 
 from __future__ import annotations
 
+import ctypes
 import inspect
 import sys
 import time
@@ -112,20 +113,50 @@ def find_names(
     return names, complete
 
 
-def frame_namespace(frame: types.FrameType) -> dict[str, Any]:
-    """A copy of the globals and locals visible in `frame`.
+def frame_namespace(frame: types.FrameType) -> dict[str, Any] | None:
+    """A copy of the globals and locals visible in `frame`, leaving the frame as it was; None when
+    the locals of this frame cannot be read without changing what the user holds.
 
-    Before Python 3.13, reading `f_locals` of a function frame caches a snapshot dict on the frame
-    that keeps every local's value alive until the function returns, even after the user deletes
-    or rebinds the name: tracking would extend the life of tensors and graphs. The snapshot is
-    emptied once copied (the next `locals()` or debugger access rebuilds it from the real locals).
+    Before Python 3.13, reading `f_locals` of a function frame refreshes a snapshot dict cached on
+    the frame: the very dict an earlier `locals()` or `vars()` returned to the user. Reading it
+    would both change the user's dict and keep every local's value alive until the function
+    returns. So the cached dict is put back exactly as it was (emptied if the frame had none).
     """
+    if sys.version_info >= (3, 13) or not frame.f_code.co_flags & inspect.CO_OPTIMIZED:
+        return {**frame.f_globals, **frame.f_locals}
+    found, cached = _cached_locals(frame)
+    if not found:
+        return None
+    before = None if cached is None else dict(cached)
     f_locals = frame.f_locals
     namespace = {**frame.f_globals, **f_locals}
-    if (
-        sys.version_info < (3, 13)
-        and frame.f_code.co_flags & inspect.CO_OPTIMIZED
-        and f_locals is not frame.f_globals
-    ):
-        f_locals.clear()
+    f_locals.clear()
+    if before is not None:
+        f_locals.update(before)
     return namespace
+
+
+# Offsets (in pointers) of `f_code`, `f_globals` and the cached `f_locals` in CPython's
+# _PyInterpreterFrame, reached from PyFrameObject.f_frame (the 4th pointer of the frame object).
+_FRAME_LAYOUTS = {(3, 11): (4, 1, 3), (3, 12): (0, 3, 5)}
+
+
+def _cached_locals(frame: types.FrameType) -> tuple[bool, dict | None]:
+    """(layout known, the dict cached on `frame` or None) read without refreshing it."""
+    layout = _FRAME_LAYOUTS.get(sys.version_info[:2])
+    if layout is None:
+        return False, None
+    code_at, globals_at, locals_at = layout
+    pointer = ctypes.POINTER(ctypes.c_void_p)
+    interpreter_frame = ctypes.cast(id(frame), pointer)[3]
+    if not interpreter_frame:
+        return False, None
+    slots = ctypes.cast(interpreter_frame, pointer)
+    # The layout is checked against the frame's own code and globals before trusting it.
+    if slots[code_at] != id(frame.f_code) or slots[globals_at] != id(frame.f_globals):
+        return False, None
+    address = slots[locals_at]
+    if not address:
+        return True, None
+    cached = ctypes.cast(address, ctypes.py_object).value
+    return (True, cached) if type(cached) is dict else (False, None)
