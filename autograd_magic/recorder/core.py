@@ -23,6 +23,7 @@ from torch.overrides import TorchFunctionMode
 from autograd_magic.model.records import Blindspot, Finding, Holder, SavedBuffer, Site
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import ACCUMULATE_GRAD
+from autograd_magic.recorder import install
 from autograd_magic.recorder.aliases import AliasTracker
 from autograd_magic.recorder.backward import run_backward
 from autograd_magic.recorder.naming import frame_namespace
@@ -38,7 +39,6 @@ _TYPE_NAMES: dict[Any, str] = {}
 _SHAPES: dict[tuple[int, ...], tuple[int, ...]] = {}
 _is_compiling = torch.compiler.is_compiling
 _Tensor = torch.Tensor
-_HOOKS_CLASS = torch.autograd.graph.saved_tensors_hooks
 MAX_PATHS_PER_ROOT = 4
 _next_trace_number = 0
 
@@ -72,7 +72,7 @@ class _NodeTag(tuple):
 class _RecorderMode(TorchFunctionMode):
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()
-        self.recorder = recorder
+        self.recorder: Recorder | None = recorder
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if _is_compiling():
@@ -81,6 +81,9 @@ class _RecorderMode(TorchFunctionMode):
             return func(*args, **(kwargs or {}))
         __tracebackhide__ = True  # IPython leaves the recorder out of the user's traceback
         recorder = self.recorder
+        if recorder is None:
+            # Put back on the stack after its block ended (see install.purge_ended_modes).
+            return func(*args, **(kwargs or {}))
         if func in _PLAIN and not recorder._busy and not (kwargs and "out" in kwargs):
             return recorder._on_plain(func, args, kwargs)
         return recorder._on_call(func, args, kwargs or {})
@@ -119,10 +122,8 @@ class Recorder:
         self._probe_hits: list[int] | None = None
         self._sequence_start = 0
         self._thread = 0
-        self._hooks: Any = None
+        self._pack_hook: Any = None
         self._mode: _RecorderMode | None = None
-        self._original_from_numpy: Any = None
-        self._original_hooks_enter: Any = None
         self._blind_lines: set[tuple[str, int]] = set()
         self.aliases = AliasTracker(self.writer, self._sites)
 
@@ -133,34 +134,55 @@ class Recorder:
         self.writer.locate = self._sites.here
         self._sequence_start = _current_sequence_nr()
         self._thread = threading.get_ident()
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-        self._hooks.__enter__()
         try:
-            self._mode = _RecorderMode(self)
-            self._mode.__enter__()
+            self._install()
         except BaseException:
-            self._hooks.__exit__(None, None, None)
+            # Raised here (a KeyboardInterrupt included) `with` never calls __exit__.
+            self._remove_all()
             raise
-        self._original_from_numpy = torch.from_numpy
-        torch.from_numpy = self._from_numpy
-        self._original_hooks_enter = _HOOKS_CLASS.__enter__
-        _HOOKS_CLASS.__enter__ = self._hooks_enter_wrapper()
         return self.trace
+
+    def _install(self) -> None:
+        install.purge_ended_modes(_RecorderMode)
+        self._pack_hook, self._mode = self._pack, _RecorderMode(self)
+        install.push_hooks(self._pack_hook, self._unpack)
+        self._mode.__enter__()
+        install.add_patches(self)
+
+    def _uninstall(self) -> None:
+        """Remove this block's mode, hooks and patch routing (idempotent; any order of blocks)."""
+        install.remove_patches(self)
+        if self._mode is not None:
+            install.remove_mode(self._mode)
+            # Stashed by torch when interrupted, the mode may come back later: harmless then.
+            self._mode.recorder = None
+        if self._pack_hook is not None:
+            install.remove_hooks(self._pack_hook)
+        # The mode and hooks point back at this recorder: drop them so no cycle outlives
+        # the block (users may run with gc disabled).
+        self._mode = self._pack_hook = None
+
+    def _remove_all(self) -> BaseException | None:
+        """`_uninstall`, run to the end even when interrupted; returns the interruption."""
+        pending = None
+        while True:
+            try:
+                self._uninstall()
+                return pending
+            except BaseException as error:
+                pending = error
 
     def __exit__(
         self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool:
-        try:
-            torch.from_numpy = self._original_from_numpy
-            if self._original_hooks_enter is not None:
-                _HOOKS_CLASS.__enter__ = self._original_hooks_enter
-            if self._mode is not None:
-                self._mode.__exit__(None, None, None)
-        finally:
-            self._hooks.__exit__(None, None, None)
-            # The mode and hooks point back at this recorder: drop them so no cycle outlives
-            # the block (users may run with gc disabled).
-            self._mode = self._hooks = None
+        # `_remove_all` inlined: a KeyboardInterrupt checked on entering a call would escape.
+        interrupted = None
+        while True:
+            try:
+                self._uninstall()
+                break
+            except BaseException as error:
+                interrupted = error
         # The block's end state is what the user asked about: later deaths are not the block's.
         self.writer.flush()
         self.writer.closed = True
@@ -185,6 +207,8 @@ class Recorder:
         finally:
             self._namespace = None
             self.writer.close()
+        if interrupted is not None:
+            raise interrupted
         return False
 
     def finish(self, namespace: dict[str, Any]) -> None:
@@ -462,27 +486,18 @@ class Recorder:
             self._busy -= 1
 
     # ----- from_numpy and blind spots ---------------------------------------------------
-    def _from_numpy(self, array: Any) -> torch.Tensor:
-        tensor = self._original_from_numpy(array)
+    def from_numpy_made(self, tensor: torch.Tensor, array: Any) -> None:
+        """`torch.from_numpy(array)` returned `tensor` while this block was active."""
         self._busy += 1
         try:
-            self.aliases.link(tensor, array, "from_numpy", OpKind.AS_TENSOR, skip=2)
+            self.aliases.link(tensor, array, "from_numpy", OpKind.AS_TENSOR, skip=3)
         finally:
             self._busy -= 1
-        return tensor
 
-    def _hooks_enter_wrapper(self) -> Any:
-        """A `saved_tensors_hooks.__enter__` that notes user hooks (they hide saved tensors)."""
-        original, recorder_ref = self._original_hooks_enter, weakref.ref(self)
-
-        def enter(hooks: Any) -> Any:
-            recorder = recorder_ref()
-            if recorder is not None:
-                site = recorder._sites.here(1)
-                recorder._note_blindspot("saved-tensor-hooks", site, _HOOKS_MESSAGE)
-            return original(hooks)
-
-        return enter
+    def user_hooks_entered(self) -> None:
+        """User saved-tensor hooks were entered: they hide saved tensors from this block."""
+        site = self._sites.here(2)
+        self._note_blindspot("saved-tensor-hooks", site, _HOOKS_MESSAGE)
 
     def _note_blindspot(self, kind: str, site: Site, message: str) -> None:
         if (kind, site.line) in self._blind_lines:
