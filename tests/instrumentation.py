@@ -8,10 +8,12 @@ from torch.overrides import _get_current_function_mode_stack
 
 
 def installed() -> tuple:
-    """Function modes, the innermost saved-tensor hooks, and the two patched entry points."""
+    """Function modes, the innermost saved-tensor hooks, and the patched entry points."""
     return (
         len(_get_current_function_mode_stack()),
         torch._C._autograd._top_saved_tensors_default_hooks(False),
         torch.from_numpy,
         torch.autograd.graph.saved_tensors_hooks.__enter__,
+        torch._C._autograd._saved_tensors_hooks_disable,
+        torch._C._autograd._saved_tensors_hooks_enable,
     )

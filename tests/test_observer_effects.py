@@ -8,8 +8,10 @@ import gc
 import subprocess
 import sys
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
+import pytest
 import torch
 from instrumentation import installed
 from torch.overrides import _get_current_function_mode_stack
@@ -176,3 +178,124 @@ def test_keyboard_interrupt_at_any_moment_leaves_nothing_installed():
     # What remains is CPython checking for signals on entering `__exit__`, before any of our code
     # runs (about 1 in 1,000 here; it was 1 in 130 before removal became idempotent).
     assert left <= 12
+
+
+# ----- 3. code that runs untracked runs tracked -------------------------------------------------
+def _outcome(fn: Callable[[], Any], tracked: bool) -> tuple[Any, Any]:
+    """(result or exception type and text, the trace's blindspot kinds)."""
+    torch.manual_seed(0)
+    trace = None
+    try:
+        if tracked:
+            with am.track() as trace:
+                result = fn()
+        else:
+            result = fn()
+    except Exception as error:
+        result = (type(error), str(error))
+    kinds = None if trace is None else sorted({b.kind for b in trace.blindspots})
+    return result, kinds
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and bool((a == b).all())
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def _func_transforms() -> list:
+    from torch.func import grad, hessian, jacrev, vjp, vmap
+
+    x = torch.arange(3.0)
+    f = lambda t: (t.sin() * t).sum()  # noqa: E731
+    return [
+        grad(f)(x),
+        vjp(torch.sin, x)[1](torch.ones(3))[0],
+        jacrev(torch.sin)(x),
+        hessian(f)(x),
+        vmap(grad(f))(torch.stack([x, x + 1])),
+    ]
+
+
+def _hooks_disabled() -> torch.Tensor:
+    x = torch.ones(3, requires_grad=True)
+    with torch.autograd.graph.disable_saved_tensors_hooks("no hooks here"):
+        y = x.exp().sum()
+    y.backward()
+    return x.grad
+
+
+def _nested() -> torch.Tensor:
+    a, b = torch.randn(2, 3, requires_grad=True), torch.randn(4, 3, requires_grad=True)
+    nt = torch.nested.as_nested_tensor([a, b])
+    return nt.sin().to_padded_tensor(0.0)
+
+
+def _jit_trace() -> torch.Tensor:
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU())
+    x = torch.randn(2, 3)
+    traced = torch.jit.trace(model, x)
+    assert "autograd_magic" not in str(traced.graph)
+    return traced(x)
+
+
+def _swap() -> torch.Tensor:
+    x, y = torch.ones(3), torch.zeros(3)
+    z = x * 2
+    torch.utils.swap_tensors(x, y)
+    return torch.stack([x, y, z])
+
+
+CRASH_CASES = {
+    "torch.func": _func_transforms,
+    "disabled hooks": _hooks_disabled,
+    "nested": _nested,
+    "jit.trace": _jit_trace,
+    "swap_tensors": _swap,
+}
+BLIND = {
+    "torch.func": ["torch.func"],
+    "disabled hooks": ["hooks-disabled"],
+    "jit.trace": ["jit.trace"],
+}
+
+
+@pytest.mark.parametrize("case", list(CRASH_CASES))
+def test_code_that_runs_untracked_runs_the_same_tracked(case, gc_disabled):
+    untracked, _ = _outcome(CRASH_CASES[case], tracked=False)
+    tracked, kinds = _outcome(CRASH_CASES[case], tracked=True)
+    assert _same(tracked, untracked), (tracked, untracked)
+    assert kinds == BLIND.get(case, [])
+
+
+def test_swap_tensors_works_after_a_block_with_gc_disabled(gc_disabled):
+    x, y = torch.ones(3), torch.zeros(3)
+    with am.track():
+        _ = x * 2
+    torch.utils.swap_tensors(x, y)
+    assert x.sum() == 0
+
+
+def test_a_block_leaves_no_cyclic_garbage(gc_disabled):
+    x = torch.ones(3, requires_grad=True)
+    with am.track():
+        (x * 2).sum().backward()
+    assert gc.collect() == 0
+
+
+def test_track_inside_inference_mode():
+    with torch.inference_mode():
+        untracked = torch.ones(2) * 2
+        with am.track() as trace:
+            tracked = torch.ones(2) * 2
+    assert torch.equal(tracked, untracked)
+    assert trace.live_nodes == 0
+
+
+def test_patches_are_put_back_after_a_block():
+    before = (torch.jit.trace, torch.jit.trace_module, torch.from_numpy)
+    with am.track():
+        pass
+    assert (torch.jit.trace, torch.jit.trace_module, torch.from_numpy) == before

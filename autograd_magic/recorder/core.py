@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import _disable_current_modes
 
 from autograd_magic.model.records import Blindspot, Finding, Holder, SavedBuffer, Site
 from autograd_magic.model.trace import Trace
@@ -123,6 +124,7 @@ class Recorder:
         self._sequence_start = 0
         self._thread = 0
         self._pack_hook: Any = None
+        self._suspended: str | None = None
         self._mode: _RecorderMode | None = None
         self._blind_lines: set[tuple[str, int]] = set()
         self.aliases = AliasTracker(self.writer, self._sites)
@@ -499,6 +501,27 @@ class Recorder:
         site = self._sites.here(2)
         self._note_blindspot("saved-tensor-hooks", site, _HOOKS_MESSAGE)
 
+    def suspend(self, kind: str, message: str) -> bool:
+        """Step aside (hooks; the mode too unless only hooks are refused) where PyTorch allows no
+        tracking; False when this block is not running on this thread."""
+        if self._mode is None or threading.get_ident() != self._thread or self._suspended:
+            return False
+        self._note_blindspot(kind, self._sites.here(2), message)
+        self._suspended = "hooks" if kind == "hooks-disabled" else "all"
+        install.remove_hooks(self._pack_hook)
+        if self._suspended == "all":
+            install.remove_mode(self._mode)
+        return True
+
+    def resume(self) -> None:
+        """Undo `suspend` (nothing once the block has ended)."""
+        suspended, self._suspended = self._suspended, None
+        if self._mode is None or suspended is None:
+            return
+        install.push_hooks(self._pack_hook, self._unpack)
+        if suspended == "all":
+            self._mode.__enter__()
+
     def _note_blindspot(self, kind: str, site: Site, message: str) -> None:
         if (kind, site.line) in self._blind_lines:
             return
@@ -529,7 +552,10 @@ def _type_name(value: Any) -> str:
 
 
 def _interned_shape(tensor: torch.Tensor) -> tuple[int, ...]:
-    size = tensor.shape
+    try:
+        size = tensor.shape
+    except RuntimeError:  # a strided nested tensor has no single shape
+        return ()
     # A torch.Size hashes and compares as the tuple it holds: look it up before copying it.
     shape = _SHAPES.get(size)
     if shape is None:
@@ -540,7 +566,15 @@ def _interned_shape(tensor: torch.Tensor) -> tuple[int, ...]:
 
 
 def _current_sequence_nr() -> int:
-    """The autograd sequence number the next node on this thread will get."""
-    with torch.enable_grad():
+    """The autograd sequence number the next node on this thread will get.
+
+    The probe is invisible to the user's function and dispatch modes and runs outside inference
+    mode (where it would make no node)."""
+    with (
+        torch._C.DisableTorchFunction(),
+        _disable_current_modes(),
+        torch.inference_mode(False),
+        torch.enable_grad(),
+    ):
         probe = torch.zeros((), requires_grad=True).mul(1)
         return probe.grad_fn._sequence_nr()

@@ -28,6 +28,10 @@ class Patched(Protocol):
 
     def user_hooks_entered(self) -> None: ...
 
+    def suspend(self, kind: str, message: str) -> bool: ...
+
+    def resume(self) -> None: ...
+
 
 _active: list[weakref.ref[Patched]] = []
 _originals: dict[str, Any] = {}
@@ -38,7 +42,7 @@ def _live_blocks() -> list[Patched]:
 
 
 def _from_numpy(array: Any) -> torch.Tensor:
-    tensor = _originals.get("from_numpy", _ORIGINAL_FROM_NUMPY)(array)
+    tensor = _originals["from_numpy"](array)
     for block in _live_blocks():
         block.from_numpy_made(tensor, array)
     return tensor
@@ -47,21 +51,90 @@ def _from_numpy(array: Any) -> torch.Tensor:
 def _hooks_enter(hooks: Any) -> Any:
     for block in _live_blocks():
         block.user_hooks_entered()
-    return _originals.get("hooks_enter", _ORIGINAL_HOOKS_ENTER)(hooks)
+    return _originals["hooks_enter"](hooks)
 
 
+def _hooks_disable(message: str) -> None:
+    # PyTorch refuses saved-tensor hooks here (torch.func transforms, user code): ours step
+    # aside until hooks are enabled again, and the trace says what it did not see.
+    if _autograd._saved_tensors_hooks_get_disabled_error_message() is None:
+        kind = "torch.func" if message.startswith("torch.func") else "hooks-disabled"
+        for block in _live_blocks():
+            if block.suspend(kind, _DISABLED_MESSAGES[kind]):
+                _suspended.append(weakref.ref(block))
+    _originals["hooks_disable"](message)
+
+
+def _hooks_enable() -> None:
+    _originals["hooks_enable"]()
+    while _suspended:
+        block = _suspended.pop(0)()
+        if block is not None and any(ref() is block for ref in _active):
+            block.resume()
+
+
+def _jit_tracer(name: str) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        # The tracer records every Python frame on the stack (ours would be baked into the
+        # graph and differ between runs): the blocks step aside while it traces.
+        resumed = [b for b in _live_blocks() if b.suspend("jit.trace", _JIT_MESSAGE)]
+        try:
+            return _originals[name](*args, **kwargs)
+        finally:
+            for block in resumed:
+                block.resume()
+
+    run.__name__ = run.__qualname__ = name
+    run.__doc__ = _ORIGINAL_JIT[name].__doc__
+    return run
+
+
+_suspended: list[weakref.ref[Patched]] = []
 _ORIGINAL_FROM_NUMPY = torch.from_numpy
 _ORIGINAL_HOOKS_ENTER = _HOOKS_CLASS.__enter__
+_ORIGINAL_HOOKS_DISABLE = _autograd._saved_tensors_hooks_disable
+_ORIGINAL_HOOKS_ENABLE = _autograd._saved_tensors_hooks_enable
+_ORIGINAL_JIT = {"trace": torch.jit.trace, "trace_module": torch.jit.trace_module}
+_JIT = {name: _jit_tracer(name) for name in _ORIGINAL_JIT}
+_DISABLED_MESSAGES = {
+    "torch.func": (
+        "A torch.func transform (grad, vjp, jacrev, hessian) ran at line {line}: PyTorch allows "
+        "no saved-tensor hooks inside it, so the tensors it saved were not seen."
+    ),
+    "hooks-disabled": (
+        "Saved-tensor hooks were disabled at line {line} "
+        "(torch.autograd.graph.disable_saved_tensors_hooks): tensors saved there were not seen."
+    ),
+}
+_JIT_MESSAGE = (
+    "torch.jit.trace ran at line {line}: what it ran while tracing was not recorded (the tracer "
+    "would have recorded autograd_magic's frames into the traced graph)."
+)
+# (owner, attribute, our replacement, key in _originals)
+_PATCHES: list[tuple[Any, str, Any, str]] = [
+    (torch, "from_numpy", _from_numpy, "from_numpy"),
+    (_HOOKS_CLASS, "__enter__", _hooks_enter, "hooks_enter"),
+    (_autograd, "_saved_tensors_hooks_disable", _hooks_disable, "hooks_disable"),
+    (_autograd, "_saved_tensors_hooks_enable", _hooks_enable, "hooks_enable"),
+    (torch.jit, "trace", _JIT["trace"], "trace"),
+    (torch.jit, "trace_module", _JIT["trace_module"], "trace_module"),
+]
+_DEFAULTS = {
+    "from_numpy": _ORIGINAL_FROM_NUMPY,
+    "hooks_enter": _ORIGINAL_HOOKS_ENTER,
+    "hooks_disable": _ORIGINAL_HOOKS_DISABLE,
+    "hooks_enable": _ORIGINAL_HOOKS_ENABLE,
+    **_ORIGINAL_JIT,
+}
 
 
 def add_patches(block: Patched) -> None:
     """Route `torch.from_numpy` and user saved-tensor hooks to `block` until `remove_patches`."""
-    if torch.from_numpy is not _from_numpy:
-        _originals["from_numpy"] = torch.from_numpy
-        torch.from_numpy = _from_numpy
-    if _HOOKS_CLASS.__enter__ is not _hooks_enter:
-        _originals["hooks_enter"] = _HOOKS_CLASS.__enter__
-        _HOOKS_CLASS.__enter__ = _hooks_enter
+    for owner, attribute, ours, key in _PATCHES:
+        current = getattr(owner, attribute)
+        if current is not ours:
+            _originals[key] = current
+            setattr(owner, attribute, ours)
     if not any(ref() is block for ref in _active):
         _active.append(weakref.ref(block))
 
@@ -71,10 +144,9 @@ def remove_patches(block: Patched) -> None:
     _active[:] = [ref for ref in _active if ref() is not None and ref() is not block]
     if _active:
         return
-    if torch.from_numpy is _from_numpy:
-        torch.from_numpy = _originals.get("from_numpy", _ORIGINAL_FROM_NUMPY)
-    if _HOOKS_CLASS.__enter__ is _hooks_enter:
-        _HOOKS_CLASS.__enter__ = _originals.get("hooks_enter", _ORIGINAL_HOOKS_ENTER)
+    for owner, attribute, ours, key in _PATCHES:
+        if getattr(owner, attribute) is ours:
+            setattr(owner, attribute, _originals.get(key, _DEFAULTS[key]))
 
 
 def remove_mode(mode: Any) -> None:
