@@ -7,6 +7,7 @@ import contextlib
 import gc
 import subprocess
 import sys
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,7 +15,8 @@ from typing import Any
 import pytest
 import torch
 from instrumentation import installed
-from torch.overrides import _get_current_function_mode_stack
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import autograd_magic as am
 
@@ -299,3 +301,104 @@ def test_patches_are_put_back_after_a_block():
     with am.track():
         pass
     assert (torch.jit.trace, torch.jit.trace_module, torch.from_numpy) == before
+
+
+# ----- 4. the user's own observers see exactly their calls ---------------------------------------
+class _Counting(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+class _CountingDispatch(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _small_step() -> None:
+    x = torch.ones(3, requires_grad=True)
+    y = (x.exp() * 2).sum()
+    y.backward()
+
+
+def _observed(mode_type: type, tracked: bool) -> list[str]:
+    with mode_type() as mode:
+        if tracked:
+            with am.track():
+                _small_step()
+        else:
+            _small_step()
+    return mode.calls
+
+
+@pytest.mark.parametrize("mode_type", [_Counting, _CountingDispatch])
+def test_a_user_mode_around_the_block_sees_only_its_calls(mode_type):
+    assert _observed(mode_type, True) == _observed(mode_type, False)
+
+
+class _Logged(torch.Tensor):
+    calls: list[str] = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.calls.append(getattr(func, "__name__", str(func)))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def _subclass_calls(tracked: bool, backward: bool) -> list[str]:
+    _Logged.calls = []
+    x = torch.ones(3, requires_grad=True).as_subclass(_Logged)
+    with am.track() if tracked else contextlib.nullcontext():
+        y = (x.exp() * 2).sum()
+        if backward:
+            y.backward()
+    return _Logged.calls
+
+
+def test_a_torch_function_subclass_sees_only_its_calls():
+    assert _subclass_calls(True, False) == _subclass_calls(False, False) == ["exp", "mul", "sum"]
+
+
+@pytest.mark.xfail(strict=True, reason="backward's bookkeeping reads grad_fn of the subclass root")
+def test_a_torch_function_subclass_sees_only_its_backward_call():
+    assert _subclass_calls(True, True) == _subclass_calls(False, True)
+
+
+def test_make_fx_graph_is_the_same_tracked():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x):
+        return (x.exp() * 2).sum()
+
+    x = torch.ones(3)
+    untracked = make_fx(f)(x).code
+    with am.track():
+        tracked = make_fx(f)(x).code
+    assert tracked == untracked
+
+
+def test_fake_tensor_mode_warns_the_same_tracked():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def run(tracked: bool) -> list[str]:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with FakeTensorMode():
+                x = torch.ones(3, requires_grad=True)
+                if tracked:
+                    with am.track():
+                        (x.exp() * 2).sum().backward()
+                else:
+                    (x.exp() * 2).sum().backward()
+        return [str(w.message) for w in seen]
+
+    assert run(True) == run(False)

@@ -85,6 +85,8 @@ class _RecorderMode(TorchFunctionMode):
         if recorder is None:
             # Put back on the stack after its block ended (see install.purge_ended_modes).
             return func(*args, **(kwargs or {}))
+        if types and not _plain_types(types):
+            return recorder._on_subclass(func, args, kwargs or {})
         if func in _PLAIN and not recorder._busy and not (kwargs and "out" in kwargs):
             return recorder._on_plain(func, args, kwargs)
         return recorder._on_call(func, args, kwargs or {})
@@ -148,7 +150,7 @@ class Recorder:
         install.purge_ended_modes(_RecorderMode)
         self._pack_hook, self._mode = self._pack, _RecorderMode(self)
         install.push_hooks(self._pack_hook, self._unpack)
-        self._mode.__enter__()
+        install.push_mode_innermost(self._mode)
         install.add_patches(self)
 
     def _uninstall(self) -> None:
@@ -201,7 +203,9 @@ class Recorder:
                 self.writer.blindspot(Blindspot("names", _LOCALS_MESSAGE))
             del frame
         try:
-            self.finish(namespace)
+            # Reading the user's tensors (`grad_fn`, names) must reach no user mode or subclass.
+            with torch._C.DisableTorchFunction():
+                self.finish(namespace)
         except Exception as error:  # never replace the user's exception or result
             self.writer.blindspot(
                 Blindspot("internal", f"autograd_magic could not finish this trace: {error!r}")
@@ -285,6 +289,28 @@ class Recorder:
             self._call_site = None
         if self.trace.listener is not None:
             self._notify_listener()
+        return out
+
+    def _on_subclass(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """A call on a tensor subclass with its own `__torch_function__`: the subclass sees the
+        call itself, never the recorder's bookkeeping (run with subclass dispatch off)."""
+        __tracebackhide__ = True
+        entry = self._kinds.get(func)
+        if entry is None:
+            entry = self._kinds[func] = classify(func)
+        if entry[0] is not OpKind.PLAIN or self._busy or "out" in kwargs:
+            # Writes and backward interleave their bookkeeping with the call: recorded as usual
+            # (the subclass may see the recorder's reads there).
+            return self._on_call(func, args, kwargs)
+        mark = len(self._unowned)
+        self._in_call = True
+        try:
+            out = func(*args, **kwargs)
+            with torch._C.DisableTorchFunctionSubclass():
+                self._register_outputs(out, mark)
+        finally:
+            self._in_call = False
+            self._call_site = None
         return out
 
     # ----- what backward recording asks of the recorder (backward.BackwardHost) ----------
@@ -520,7 +546,7 @@ class Recorder:
             return
         install.push_hooks(self._pack_hook, self._unpack)
         if suspended == "all":
-            self._mode.__enter__()
+            install.push_mode_innermost(self._mode)
 
     def _note_blindspot(self, kind: str, site: Site, message: str) -> None:
         if (kind, site.line) in self._blind_lines:
@@ -541,6 +567,11 @@ _HOOKS_MESSAGE = (
     "Your own saved-tensor hooks (torch.utils.checkpoint, save_on_cpu, ...) were active at line "
     "{line}: tensors saved under them are handled by your hooks and not counted here."
 )
+
+
+def _plain_types(types: tuple) -> bool:
+    """True when no argument type overrides `__torch_function__` (plain tensors, Parameters)."""
+    return all(t is _Tensor or t is torch.nn.Parameter for t in types)
 
 
 def _type_name(value: Any) -> str:

@@ -194,3 +194,20 @@ def purge_ended_modes(mode_type: type) -> None:
     for mode in _get_current_function_mode_stack():
         if type(mode) is mode_type and mode.recorder is None:
             remove_mode(mode)
+
+
+def push_mode_innermost(mode: Any) -> None:
+    """Put `mode` under every function mode already active on this thread.
+
+    Torch calls reach the innermost mode last, with every mode above it set aside: the
+    recorder's own bookkeeping there is invisible to the user's modes, which see exactly the
+    calls they see untracked.
+    """
+    above = []
+    while _get_current_function_mode_stack():
+        above.append(_pop_mode())
+    try:
+        _push_mode(mode)
+    finally:
+        for other in reversed(above):
+            _push_mode(other)

@@ -121,6 +121,8 @@ def storage_of(tensor: torch.Tensor) -> tuple[int, int]:
     """(storage address, storage bytes); (0, tensor bytes) for tensors without plain storage."""
     try:
         storage = tensor.untyped_storage()
+        if storage.device.type == "meta":  # FakeTensor: no data (and reading it warns)
+            return 0, storage.nbytes()
         return storage.data_ptr(), storage.nbytes()
     except (RuntimeError, NotImplementedError, TypeError):
         return 0, tensor.numel() * tensor.element_size()
