@@ -402,3 +402,53 @@ def test_fake_tensor_mode_warns_the_same_tracked():
         return [str(w.message) for w in seen]
 
     assert run(True) == run(False)
+
+
+# ----- 5. the name walk runs no user code ------------------------------------------------------
+_CALLED: list[str] = []
+
+
+class _LoudList(list):
+    def __getitem__(self, index):
+        _CALLED.append("list.__getitem__")
+        return super().__getitem__(index)
+
+    def __iter__(self):
+        _CALLED.append("list.__iter__")
+        return super().__iter__()
+
+
+class _LoudDict(dict):
+    def items(self):
+        _CALLED.append("dict.items")
+        return super().items()
+
+
+class _Loud:
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.kept = tensor
+
+    def __getattribute__(self, name):
+        _CALLED.append(f"__getattribute__({name})")
+        return object.__getattribute__(self, name)
+
+
+class _WithProperty:
+    @property
+    def __dict__(self):
+        _CALLED.append("__dict__ property")
+        return {}
+
+
+def test_naming_runs_no_user_code_and_says_what_it_skipped():
+    _CALLED.clear()
+    x = torch.ones(3, requires_grad=True)
+    with am.track() as trace:
+        y = x.exp()
+        holders = [_LoudList([y]), _LoudDict(a=y), _Loud(y), _WithProperty()]  # noqa: F841
+    assert _CALLED == []
+    skipped = [b for b in trace.blindspots if b.kind == "naming-skipped"]
+    assert len(skipped) == 1
+    assert "_LoudList" in skipped[0].message and "_LoudDict" in skipped[0].message
+    # The plain object was read through its own __dict__ slot.
+    assert "holders[2].kept" in [h.path for h in trace.holders]

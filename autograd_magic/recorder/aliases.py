@@ -283,8 +283,9 @@ class AliasTracker:
     ) -> None:
         """Replace op labels by the user's variable paths for objects still alive."""
         alive = self.registry.alive()
+        skipped: set[str] = set()
         if alive or also is not None:
-            names, complete = find_names(namespace, alive, budget_s, also)
+            names, complete = find_names(namespace, alive, budget_s, also, skipped)
         else:  # nothing alive to name and no holder to look for: skip the walk
             names, complete = {}, True
         labels = {
@@ -292,6 +293,15 @@ class AliasTracker:
             for uid, label in self.trace.labels.items()
         }
         self.writer.end_names(labels, set(alive.values()), _version_groups(self.trace.links))
+        if skipped:
+            kinds = ", ".join(sorted(skipped)[:5])
+            self.writer.blindspot(
+                Blindspot(
+                    "naming-skipped",
+                    f"Variable names were not looked up inside objects of type {kinds}: reading "
+                    "them would run their own code.",
+                )
+            )
         if not complete:
             self.writer.blindspot(
                 Blindspot(

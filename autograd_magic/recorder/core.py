@@ -223,7 +223,7 @@ class Recorder:
         key, holders, paths = self._key, [], Counter()
 
         def note_holder(obj: Any, path: str) -> None:
-            if isinstance(obj, torch.Tensor) and obj.grad_fn is not None:
+            if issubclass(type(obj), torch.Tensor) and obj.grad_fn is not None:
                 tag = obj.grad_fn.metadata.get(key)
                 # A few paths per root: `loss` and `losses[2]` may name the same tensor.
                 if tag is not None and paths[tag.node_id] < MAX_PATHS_PER_ROOT:

@@ -11,7 +11,7 @@ import inspect
 import sys
 import time
 import types
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -20,41 +20,73 @@ import torch
 _SKIP_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
 _ATOMIC = (str, bytes, int, float, complex, bool, type(None), range, slice)
 _OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+_LEAVES = (*_ATOMIC, *_OPAQUE)
 MAX_CONTAINER_ITEMS = 10_000
 
 
-def _children(obj: Any, path: str) -> Iterator[tuple[Any, str]]:
-    if isinstance(obj, torch.nn.Module):
-        for name, child in obj._modules.items():
-            if child is not None:
-                yield child, f"{path}.{name}"
-        for name, param in obj._parameters.items():
-            if param is not None:
-                yield param, f"{path}.{name}"
-        for name, buf in obj._buffers.items():
-            if buf is not None:
-                yield buf, f"{path}.{name}"
-        attrs = obj.__dict__
-    elif isinstance(obj, (list, tuple)):
+_DICTS = (dict, OrderedDict)
+
+
+def _children(obj: Any, path: str, skipped: set[str]) -> Iterator[tuple[Any, str]]:
+    """What `obj` holds, read without running any user code: exact built-in containers, an
+    instance `__dict__` read through the standard slot, a module's children/parameters/buffers.
+    Anything else that might hold tensors is left out and its type added to `skipped`."""
+    kind = type(obj)
+    if kind is list or kind is tuple:
         for i, item in enumerate(obj[:MAX_CONTAINER_ITEMS]):
             yield item, f"{path}[{i}]"
         return
-    elif isinstance(obj, dict):
-        for i, (key, item) in enumerate(obj.items()):
+    if kind is dict:
+        for i, (key, item) in enumerate(dict.items(obj)):
             if i >= MAX_CONTAINER_ITEMS:
                 return
-            if isinstance(key, (str, int)):
+            if type(key) is str or type(key) is int:
                 yield item, f"{path}[{key!r}]"
         return
-    elif isinstance(obj, (torch.Tensor, torch.optim.Optimizer)) or type(obj).__module__ == "numpy":
+    if issubclass(kind, (torch.Tensor, torch.optim.Optimizer)) or kind.__module__ == "numpy":
         return
-    else:
-        attrs = getattr(obj, "__dict__", None)
-        if not isinstance(attrs, dict):
-            return
-    for name, value in attrs.items():
-        if not name.startswith("_"):
+    if issubclass(kind, (list, tuple, dict, set, frozenset)):
+        skipped.add(kind.__qualname__)  # a user container: reading it runs its methods
+        return
+    attrs = _instance_dict(obj, kind)
+    if attrs is None:
+        if _may_hold_dict(kind):
+            skipped.add(kind.__qualname__)
+        return
+    if issubclass(kind, torch.nn.Module):
+        for field in ("_modules", "_parameters", "_buffers"):
+            table = attrs.get(field)
+            if type(table) in _DICTS:
+                for name, child in dict.items(table):
+                    if child is not None and type(name) is str:
+                        yield child, f"{path}.{name}"
+    for name, value in dict.items(attrs):
+        if type(name) is str and not name.startswith("_"):
             yield value, f"{path}.{name}"
+
+
+def _dict_descriptor(kind: type) -> Any:
+    for klass in kind.__mro__:
+        found = type.__dict__["__dict__"].__get__(klass).get("__dict__")
+        if found is not None:
+            return found
+    return None
+
+
+def _may_hold_dict(kind: type) -> bool:
+    return _dict_descriptor(kind) is not None
+
+
+def _instance_dict(obj: Any, kind: type) -> dict | None:
+    """`obj.__dict__` through CPython's own slot; None when the class replaced it (a property)."""
+    descriptor = _dict_descriptor(kind)
+    if type(descriptor).__name__ != "getset_descriptor":
+        return None
+    try:
+        attrs = descriptor.__get__(obj, kind)
+    except (AttributeError, TypeError):
+        return None
+    return attrs if type(attrs) is dict else None
 
 
 def walk_namespace(
@@ -62,9 +94,12 @@ def walk_namespace(
     visit: Callable[[Any, str], None],
     max_depth: int = 4,
     budget_s: float = 0.25,
+    skipped: set[str] | None = None,
 ) -> bool:
     """Call `visit(obj, path)` for each path to each object reachable from `roots` (shortest
-    first; each object walked into once); False when time ran out."""
+    first; each object walked into once); False when time ran out. Types not walked into
+    because reading them would run user code are added to `skipped`."""
+    skipped = set() if skipped is None else skipped
     deadline = time.perf_counter() + budget_s
     seen: set[int] = set()
     queue: deque[tuple[Any, str, int]] = deque()
@@ -74,7 +109,7 @@ def walk_namespace(
     steps = 0
     while queue:
         obj, path, depth = queue.popleft()
-        if isinstance(obj, (*_ATOMIC, *_OPAQUE)):
+        if issubclass(type(obj), _LEAVES):
             continue
         if id(obj) in seen:
             # Seen before under a shorter path: report this path too (`loss` is `losses[2]`),
@@ -87,7 +122,7 @@ def walk_namespace(
         if steps % 512 == 0 and time.perf_counter() > deadline:
             return False
         if depth < max_depth:
-            for child, child_path in _children(obj, path):
+            for child, child_path in _children(obj, path, skipped):
                 queue.append((child, child_path, depth + 1))
     return True
 
@@ -97,6 +132,7 @@ def find_names(
     wanted: Mapping[int, int],
     budget_s: float = 0.25,
     also: Callable[[Any, str], None] | None = None,
+    skipped: set[str] | None = None,
 ) -> tuple[dict[int, str], bool]:
     """Map uid -> shortest user path for objects whose address is in `wanted` (address -> uid);
     `also(obj, path)` sees every visited object in the same walk."""
@@ -109,7 +145,7 @@ def find_names(
         if also is not None:
             also(obj, path)
 
-    complete = walk_namespace(roots, visit, budget_s=budget_s)
+    complete = walk_namespace(roots, visit, budget_s=budget_s, skipped=skipped)
     return names, complete
 
 
