@@ -452,3 +452,77 @@ def test_naming_runs_no_user_code_and_says_what_it_skipped():
     assert "_LoudList" in skipped[0].message and "_LoudDict" in skipped[0].message
     # The plain object was read through its own __dict__ slot.
     assert "holders[2].kept" in [h.path for h in trace.holders]
+
+
+# ----- 6. exceptions come out unchanged ---------------------------------------------------------
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise ValueError("no text")
+
+
+class _FailingBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise _Unprintable()
+
+
+def _raise_in_block() -> None:
+    raise _Unprintable()
+
+
+def _raise_in_backward() -> None:
+    x = torch.ones(2, requires_grad=True)
+    _FailingBackward.apply(x).sum().backward()
+
+
+@pytest.mark.parametrize("body", [_raise_in_block, _raise_in_backward])
+def test_an_exception_whose_text_raises_comes_out_as_the_users_type(body):
+    with pytest.raises(_Unprintable), am.track() as trace:
+        body()
+    assert trace.error is not None and "_Unprintable" in trace.error
+
+
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.complex64,
+    torch.complex128,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+]
+
+
+def _inplace_error(dtype: torch.dtype, tracked: bool) -> str:
+    with am.track() if tracked else contextlib.nullcontext():
+        x = torch.ones(3, requires_grad=True)
+        other = torch.ones(3, dtype=dtype)
+        y = x * other if not dtype.is_complex else (x * other).abs()
+        if dtype.is_complex:
+            other = None
+            z = torch.ones(3, dtype=dtype, requires_grad=True)
+            y = z.exp()
+            y.add_(1)
+            loss = y.abs().sum()
+        else:
+            other.add_(1) if dtype is not torch.bool else other.logical_not_()
+            loss = y.sum()
+        with pytest.raises(RuntimeError) as caught:
+            loss.backward()
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_inplace_error_text_matches_pytorch_for_every_dtype(dtype):
+    untracked = _inplace_error(dtype, tracked=False)
+    assert "modified by an inplace operation" in untracked
+    assert _inplace_error(dtype, tracked=True) == untracked

@@ -28,3 +28,12 @@ def where(site: Site | None) -> str:
     if site is None or site.line == 0:
         return ""
     return site.describe()
+
+
+def describe_error(error: BaseException) -> str:
+    """`str(error)`, or a stand-in when the exception's own `__str__` raises (the user's
+    exception must come out unchanged, whatever its text does)."""
+    try:
+        return str(error)
+    except Exception:
+        return f"<{type(error).__name__} whose text could not be read>"

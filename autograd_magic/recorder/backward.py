@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from autograd_magic.model.records import BackwardCall, Site
+from autograd_magic.model.units import describe_error
 from autograd_magic.recorder.ops import OpKind
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ def run_backward(host: BackwardHost, func: Any, kind: OpKind, args: tuple, kwarg
     try:
         return func(*args, **kwargs)
     except BaseException as exc:
-        call.error = str(exc)
+        call.error = describe_error(exc)
         call.error_type = type(exc).__name__
         call.reached = tuple(reached)
         raise

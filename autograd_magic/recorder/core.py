@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from autograd_magic.model.records import Blindspot, Finding, Holder, SavedBuffer, Site
 from autograd_magic.model.trace import Trace
-from autograd_magic.model.units import ACCUMULATE_GRAD
+from autograd_magic.model.units import ACCUMULATE_GRAD, describe_error
 from autograd_magic.recorder import install
 from autograd_magic.recorder.aliases import AliasTracker
 from autograd_magic.recorder.backward import run_backward
@@ -192,7 +192,7 @@ class Recorder:
         self.writer.closed = True
         if exc is not None:
             self.writer.block_error(
-                f"{type(exc).__name__}: {exc}", site_of_traceback(tb, self._sites)
+                f"{type(exc).__name__}: {describe_error(exc)}", site_of_traceback(tb, self._sites)
             )
         namespace = self._namespace
         if namespace is None:

@@ -93,7 +93,7 @@ class PackedSaved:
         sizes = ", ".join(str(s) for s in t.shape)
         message = (
             "one of the variables needed for gradient computation has been modified by an "
-            f"inplace operation: [{t.type()} [{sizes}]]"
+            f"inplace operation: [{_legacy_type_name(t)} [{sizes}]]"
         )
         if name is not None:
             message += f", which is output {output_nr} of {_forward_name(name)},"
@@ -110,6 +110,22 @@ class PackedSaved:
                 "its gradient, with torch.autograd.set_detect_anomaly(True, check_nan=False)."
             )
         return message
+
+
+# Scalar types with a legacy tensor type name (`torch.FloatTensor`); PyTorch names the others
+# by backend and scalar type (`CPUBFloat16Type`).
+_LEGACY = frozenset({"Byte", "Char", "Short", "Int", "Long", "Half", "Float", "Double"})
+
+
+def _legacy_type_name(tensor: torch.Tensor) -> str:
+    """The tensor's type as PyTorch's in-place error prints it, for every dtype."""
+    name = tensor.type()  # 'torch.FloatTensor', 'torch.cuda.BFloat16Tensor'
+    scalar = name.rsplit(".", 1)[-1].removesuffix("Tensor")
+    if scalar in _LEGACY:
+        return name
+    device = tensor.device.type
+    backend = "CPU" if device == "cpu" else "CUDA" if device == "cuda" else device.upper()
+    return f"{backend}{scalar}Type"
 
 
 def _forward_name(node_name: str) -> str:
