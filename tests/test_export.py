@@ -6,6 +6,7 @@ import builtins
 import json
 import os
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -162,3 +163,49 @@ def test_loading_executes_nothing(tmp_path, monkeypatch):
 
 def _forbidden(*args, **kwargs):
     raise AssertionError("loading a trace must not evaluate code")
+
+
+def _mutated(change) -> str:
+    document = json.loads(_recorded().to_json())
+    change(document)
+    return json.dumps(document)
+
+
+@pytest.mark.parametrize(
+    ("field", "change"),
+    [
+        ("live_nodes", lambda d: d.update(live_nodes="lots")),
+        ("live_nodes", lambda d: d.update(live_nodes=-1)),
+        ("retained_bytes", lambda d: d.update(retained_bytes=True)),
+        ("max_records", lambda d: d.pop("max_records")),
+        ("nodes[0].name", lambda d: d["nodes"][0].update(name=3)),
+        ("nodes[0].id", lambda d: d["nodes"][0].pop("id")),
+        ("nodes[0].born_site.line", lambda d: d["nodes"][0]["born_site"].update(line="7")),
+        ("nodes[0].next_ids[0]", lambda d: d["nodes"][0].update(next_ids=[None])),
+        ("buffers[0].shape", lambda d: d["buffers"][0].update(shape=5)),
+        ("nodes", lambda d: d.update(nodes={"0": {}})),
+        ("timeline[0]", lambda d: d["timeline"].__setitem__(0, [1, 2])),
+        ("labels", lambda d: d.update(labels={"x": "a"})),
+        ("error", lambda d: d.update(error=["x"])),
+        ("alive_at_end[0]", lambda d: d.update(alive_at_end=["1"])),
+    ],
+)
+def test_from_json_names_the_field_that_is_wrong(field, change):
+    with pytest.raises(ValueError, match=re.escape(field)):
+        am.Trace.from_json(_mutated(change))
+
+
+def test_from_json_rejects_a_boolean_version():
+    with pytest.raises(ValueError, match="not supported"):
+        am.Trace.from_json(_mutated(lambda d: d.update(version=True)))
+
+
+def test_from_json_enforces_the_record_caps():
+    def flood(document):
+        document["max_records"] = 10
+        document["nodes"] = [document["nodes"][0]] * 11
+
+    with pytest.raises(ValueError, match="nodes: 11 entries, more than the cap of 10"):
+        am.Trace.from_json(_mutated(flood))
+    with pytest.raises(ValueError, match="max_records"):
+        am.Trace.from_json(_mutated(lambda d: d.update(max_records=10**12)))

@@ -23,6 +23,14 @@ from autograd_magic.model.records import (
     VersionBump,
 )
 from autograd_magic.model.trace import TimelineSample, Trace
+from autograd_magic.model.validate import (
+    MAX_CAP,
+    build_record,
+    check_id_map,
+    check_int,
+    check_list,
+    check_value,
+)
 
 FORMAT = "autograd_magic.trace"
 FORMAT_VERSION = 1
@@ -104,42 +112,71 @@ def trace_to_json(trace: Trace) -> str:
     return json.dumps(document)
 
 
-def _build(cls: type, values: dict[str, Any]) -> Any:
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in values:
-            continue
-        value = values[f.name]
-        if f.name in _SITE_FIELDS and value is not None:
-            value = Site(**value)
-        elif isinstance(value, list):
-            value = tuple(value)
-        kwargs[f.name] = value
-    return cls(**kwargs)
+# Scalar counters and their checks: (field, smallest value); `error` and `finished` apart.
+_COUNTERS = (
+    "dropped_nodes",
+    "dropped_buffers",
+    "dropped_events",
+    "seq",
+    "live_nodes",
+    "retained_bytes",
+    "peak_live_nodes",
+    "peak_retained_bytes",
+    "nodes_created",
+    "buffers_saved",
+)
 
 
 def trace_from_json(text: str) -> Trace:
-    """Rebuild a `Trace` from `trace_to_json` output; raises ValueError on other documents."""
-    document = json.loads(text)
+    """Rebuild a `Trace` from `trace_to_json` output; raises ValueError naming the first field
+    that is missing, mistyped, out of range or over its cap (and on other documents)."""
+    try:
+        document = json.loads(text)
+    except (TypeError, RecursionError) as error:
+        raise ValueError(f"not an autograd_magic trace export: {error}") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ValueError("not an autograd_magic trace export")
-    if document.get("version") != FORMAT_VERSION:
+    version = document.get("version")
+    if type(version) is not int or version != FORMAT_VERSION:
         raise ValueError(
-            f"trace export version {document.get('version')} is not supported "
+            f"trace export version {version!r} is not supported "
             f"(this autograd_magic reads version {FORMAT_VERSION})"
         )
-    trace = Trace()
-    for name in _SCALARS:
-        setattr(trace, name, document.get(name, getattr(trace, name)))
-    if document.get("error_site"):
-        trace.error_site = Site(**document["error_site"])
+    max_records = check_int(document.get("max_records"), "max_records", 1, MAX_CAP)
+    max_timeline = check_int(document.get("max_timeline"), "max_timeline", 1, MAX_CAP)
+    trace = Trace(max_records, max_timeline)
+    for name in _COUNTERS:
+        setattr(trace, name, check_int(document.get(name, 0), name))
+    trace.finished = check_value(document.get("finished", False), bool, "finished")
+    trace.error = check_value(document.get("error"), str | None, "error")
+    site = document.get("error_site")
+    trace.error_site = None if site is None else build_record(Site, site, "error_site")
     for name, cls in _LISTS.items():
-        setattr(trace, name, [_build(cls, values) for values in document[name]])
-    trace.timeline = [TimelineSample(*values) for values in document["timeline"]]
-    trace.labels = {int(k): v for k, v in document["labels"].items()}
-    trace.object_kinds = {int(k): v for k, v in document["object_kinds"].items()}
+        values = check_list(document, name, max_records)
+        setattr(trace, name, [build_record(cls, v, f"{name}[{i}]") for i, v in enumerate(values)])
+    timeline = check_list(document, "timeline", max_timeline)
+    trace.timeline = [_sample(v, f"timeline[{i}]") for i, v in enumerate(timeline)]
+    trace.labels = check_id_map(document, "labels", max_records)
+    trace.object_kinds = check_id_map(document, "object_kinds", max_records)
     alive = document.get("alive_at_end")
-    trace.alive_at_end = None if alive is None else set(alive)
+    if alive is not None:
+        alive = set(check_value(alive, tuple[int, ...], "alive_at_end"))
+        if len(alive) > max_records:
+            raise ValueError(f"alive_at_end: more than the cap of {max_records}")
+    trace.alive_at_end = alive
     trace._node_index = {n.id: n for n in trace.nodes}
     trace._buffer_index = {b.id: b for b in trace.buffers}
     return trace
+
+
+def _sample(values: Any, where: str) -> TimelineSample:
+    if type(values) is not list or len(values) != len(TimelineSample._fields):
+        raise ValueError(f"{where}: expected a list of {len(TimelineSample._fields)} values")
+    seq, live, retained, what, line = values
+    return TimelineSample(
+        check_int(seq, f"{where}.seq"),
+        check_int(live, f"{where}.live_nodes"),
+        check_int(retained, f"{where}.retained_bytes"),
+        check_value(what, str, f"{where}.what"),
+        check_int(line, f"{where}.line"),
+    )
