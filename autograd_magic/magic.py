@@ -7,6 +7,9 @@ and makes a failing cell fail exactly like a normal one, after showing what was 
 from __future__ import annotations
 
 import ast
+import asyncio
+import inspect
+import keyword
 import sys
 from types import CodeType, TracebackType
 from typing import Any
@@ -56,7 +59,14 @@ class TrackGraphMagics(Magics):
         """
         __tracebackhide__ = True  # the user's traceback starts in their cell
         args = _parse(self.trackgraph, line)
-        body, last = _compile_cell(self.shell, cell)
+        try:
+            body, last = _compile_cell(self.shell, cell)
+        except SyntaxError as exc:
+            # As for a plain cell: the error points into the cell, not at the magic's frames.
+            raise exc.with_traceback(None) from None
+        is_async = _is_async(body) or (last is not None and _is_async(last))
+        if is_async and _loop_running():
+            raise UsageError(_AWAIT_MESSAGE)
         trace = Trace()
         panel, handle = None, None
         if not (args.no_live or args.text) and _widget_frontend(self.shell):
@@ -65,9 +75,12 @@ class TrackGraphMagics(Magics):
         value, error = None, None
         try:
             with autograd_magic.track(trace=trace, home_code=body, namespace=self.shell.user_ns):
-                exec(body, self.shell.user_ns)
-                if last is not None:
-                    value = eval(last, self.shell.user_ns)
+                if is_async:
+                    value = self.shell.loop_runner(_run_async(body, last, self.shell.user_ns))
+                else:
+                    exec(body, self.shell.user_ns)
+                    if last is not None:
+                        value = eval(last, self.shell.user_ns)
         except BaseException as exc:  # shown in the panel, then re-raised unchanged below
             error = exc
         finally:
@@ -89,7 +102,7 @@ def _parse(magic: Any, line: str) -> Any:
     except UsageError as exc:
         raise UsageError(f"{exc}\n{usage}") from None
     problem = None
-    if args.out is not None and not args.out.isidentifier():
+    if args.out is not None and (not args.out.isidentifier() or keyword.iskeyword(args.out)):
         problem = f"-o/--out needs a variable name, not {args.out!r}"
     elif args.max_nodes < 1:
         problem = f"--max-nodes must be at least 1, not {args.max_nodes}"
@@ -107,9 +120,42 @@ def _compile_cell(shell: Any, cell: str) -> tuple[CodeType, CodeType | None]:
     filename = shell.compile.cache(source, shell.execution_count, raw_code=cell)
     tree = shell.transform_ast(shell.compile.ast_parse(source, filename=filename))
     last = None
+    # Top-level `await` compiles as in a plain IPython cell (the code is then a coroutine).
+    flags = shell.compile.flags | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
     if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = shell.compile(ast.Expression(tree.body.pop().value), filename, "eval")
-    return shell.compile(tree, filename, "exec"), last
+        last = compile(ast.Expression(tree.body.pop().value), filename, "eval", flags, True)
+    return compile(tree, filename, "exec", flags, True), last
+
+
+def _is_async(code: CodeType) -> bool:
+    return bool(code.co_flags & inspect.CO_COROUTINE)
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+async def _run_async(body: CodeType, last: CodeType | None, namespace: dict) -> Any:
+    """The cell's body then its last expression, awaiting whichever is a coroutine."""
+    __tracebackhide__ = True
+    result = eval(body, namespace)
+    if _is_async(body):
+        await result
+    if last is None:
+        return None
+    value = eval(last, namespace)
+    return (await value) if _is_async(last) else value
+
+
+_AWAIT_MESSAGE = (
+    "%%trackgraph cannot run a cell with top-level `await` while the kernel's event loop is "
+    "running (a cell magic is called synchronously). Put the awaited code in an async function "
+    "and await it from a plain cell, with `with autograd_magic.track() as trace:` inside it."
+)
 
 
 def _widget_frontend(shell: Any) -> bool:

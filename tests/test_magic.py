@@ -86,7 +86,16 @@ def test_panel_is_displayed_with_numbers_and_static_fallback(shell, panels):
 
 @pytest.mark.parametrize(
     "options",
-    ["--bogus", "--max-nodes many", "--max-nodes 0", "--refresh -1", "-o 1x", "stray", "-o"],
+    [
+        "--bogus",
+        "--max-nodes many",
+        "--max-nodes 0",
+        "--refresh -1",
+        "-o 1x",
+        "-o class",
+        "stray",
+        "-o",
+    ],
 )
 def test_bad_options_are_usage_errors_and_the_cell_does_not_run(shell, options):
     result, _ = run(shell, f"%%trackgraph {options}\nran = True\n")
@@ -271,3 +280,23 @@ def test_no_live_renders_once_at_the_end(shell, panels, widget_frontend):
     assert panel.live_renders == 0
     (shown,) = captured.outputs
     assert "finished" in shown.data["text/html"]
+
+
+def test_syntax_error_shows_no_compiler_internals(shell):
+    with capture_output() as captured:
+        shell.run_cell("%%trackgraph\nran = True\ndef (:\n")
+    shown = captured.stdout + captured.stderr
+    assert "Cell In[" in shown and "SyntaxError: invalid syntax" in shown
+    # IPython still lists its run_cell_magic frame and the magic's `raise`, as for any magic.
+    assert "_compile_cell" not in shown and "compilerop" not in shown and "ast_parse" not in shown
+
+
+def test_top_level_await_runs_like_a_plain_cell(shell):
+    cell = (
+        "%%trackgraph -o tr --text\nimport asyncio\nawait asyncio.sleep(0)\n"
+        "x = torch.ones(2, requires_grad=True)\ny = x.exp()\nawait asyncio.sleep(0)\ny.sum()\n"
+    )
+    result, _ = run(shell, cell)
+    assert result.error_in_exec is None
+    assert float(result.result) == pytest.approx(2 * 2.718281828)
+    assert shell.user_ns["tr"].nodes_created == 3  # exp, sum and x's AccumulateGrad
