@@ -3,6 +3,8 @@ before and after)."""
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch.overrides import _get_current_function_mode_stack
 
@@ -16,4 +18,5 @@ def installed() -> tuple:
         torch.autograd.graph.saved_tensors_hooks.__enter__,
         torch._C._autograd._saved_tensors_hooks_disable,
         torch._C._autograd._saved_tensors_hooks_enable,
+        warnings.warn,
     )

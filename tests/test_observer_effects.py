@@ -142,7 +142,7 @@ baseline, left, interrupted = installed(), 0, 0
 for run in range(RUNS):
     try:
         armed[0] = True
-        signal.setitimer(signal.ITIMER_REAL, random.uniform(1e-5, 4e-4))
+        signal.setitimer(signal.ITIMER_REAL, random.uniform(1e-5, 1e-3))
         try:
             with am.track():
                 (x * 2).sum().backward()
@@ -158,28 +158,29 @@ for run in range(RUNS):
             pass
     if installed() != baseline:
         left += 1
-        while installed() != baseline:
-            if torch.overrides._get_current_function_mode_stack():
-                torch.overrides._pop_mode()
-            if torch._C._autograd._top_saved_tensors_default_hooks(True) is not None:
-                torch._C._autograd._pop_saved_tensors_default_hooks()
-            import autograd_magic.recorder.install as install
-            install._active.clear(); torch.from_numpy = install._ORIGINAL_FROM_NUMPY
-            torch.autograd.graph.saved_tensors_hooks.__enter__ = install._ORIGINAL_HOOKS_ENTER
-print(interrupted, left)
+        import autograd_magic.recorder.install as install
+        while torch.overrides._get_current_function_mode_stack():
+            torch.overrides._pop_mode()
+        while torch._C._autograd._top_saved_tensors_default_hooks(True) is not None:
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+        install._active.clear()
+        install.remove_patches(None)
+signal.signal(signal.SIGALRM, signal.SIG_IGN)
+print(interrupted, left, flush=True)
 """
 
 
 def test_keyboard_interrupt_at_any_moment_leaves_nothing_installed():
     script = _INTERRUPTS.replace("RUNS", "3000")
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
-    )
+    # The child may end with SIGINT's status: CPython does so after a KeyboardInterrupt it had to
+    # ignore (raised inside a finalizer), which the signal can hit too.
+    command = [sys.executable, "-c", script]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     interrupted, left = map(int, done.stdout.split())
     assert interrupted > 300  # the signal really lands inside the block
     # What remains is CPython checking for signals on entering `__exit__`, before any of our code
-    # runs (about 1 in 1,000 here; it was 1 in 130 before removal became idempotent).
-    assert left <= 12
+    # runs (2 to 9 of 3,000 here; 23 to 28 before removal became idempotent).
+    assert left <= 15
 
 
 # ----- 3. code that runs untracked runs tracked -------------------------------------------------
@@ -448,10 +449,10 @@ def test_naming_runs_no_user_code_and_says_what_it_skipped():
         holders = [_LoudList([y]), _LoudDict(a=y), _Loud(y), _WithProperty()]  # noqa: F841
     assert _CALLED == []
     skipped = [b for b in trace.blindspots if b.kind == "naming-skipped"]
-    assert len(skipped) == 1
-    assert "_LoudList" in skipped[0].message and "_LoudDict" in skipped[0].message
-    # The plain object was read through its own __dict__ slot.
-    assert "holders[2].kept" in [h.path for h in trace.holders]
+    assert len(skipped) == 1 and "_WithProperty" in skipped[0].message
+    # Containers are read through the built-in methods, the object through its __dict__ slot.
+    paths = [h.path for h in trace.holders]
+    assert {"y", "holders[0][0]", "holders[1]['a']", "holders[2].kept"} <= set(paths)
 
 
 # ----- 6. exceptions come out unchanged ---------------------------------------------------------
@@ -526,3 +527,32 @@ def test_inplace_error_text_matches_pytorch_for_every_dtype(dtype):
     untracked = _inplace_error(dtype, tracked=False)
     assert "modified by an inplace operation" in untracked
     assert _inplace_error(dtype, tracked=True) == untracked
+
+
+# ----- 9. smaller ones ----------------------------------------------------------------------------
+def _softmax_warning(tracked: bool) -> list[tuple[str, int]]:
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with am.track() if tracked else contextlib.nullcontext():
+            torch.nn.functional.softmax(torch.ones(2, 3))  # the line warned about
+    return [(w.filename, w.lineno) for w in seen]
+
+
+def test_a_torch_warning_names_the_users_line():
+    untracked = _softmax_warning(False)
+    assert untracked and untracked[0][0] == __file__
+    assert _softmax_warning(True) == untracked
+
+
+def _once_per_location(tracked: bool) -> int:
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")
+        for _ in range(3):
+            with am.track() if tracked else contextlib.nullcontext():
+                torch.nn.functional.softmax(torch.ones(2, 3))
+                torch.nn.functional.softmax(torch.ones(2, 3))  # another location: warns too
+    return len(seen)
+
+
+def test_once_per_location_dedup_is_the_same_tracked():
+    assert _once_per_location(True) == _once_per_location(False) == 2

@@ -10,12 +10,15 @@ active block, and hold no recorder: a patch outliving its blocks forwards and re
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 from torch.overrides import _get_current_function_mode_stack, _pop_mode, _push_mode
+
+from autograd_magic.recorder import warnings_site
 
 _autograd = torch._C._autograd
 _HOOKS_CLASS = torch.autograd.graph.saved_tensors_hooks
@@ -118,6 +121,7 @@ _PATCHES: list[tuple[Any, str, Any, str]] = [
     (_autograd, "_saved_tensors_hooks_enable", _hooks_enable, "hooks_enable"),
     (torch.jit, "trace", _JIT["trace"], "trace"),
     (torch.jit, "trace_module", _JIT["trace_module"], "trace_module"),
+    (warnings, "warn", warnings_site.warn, "warn"),
 ]
 _DEFAULTS = {
     "from_numpy": _ORIGINAL_FROM_NUMPY,
@@ -125,6 +129,7 @@ _DEFAULTS = {
     "hooks_disable": _ORIGINAL_HOOKS_DISABLE,
     "hooks_enable": _ORIGINAL_HOOKS_ENABLE,
     **_ORIGINAL_JIT,
+    "warn": warnings_site.ORIGINAL_WARN,
 }
 
 

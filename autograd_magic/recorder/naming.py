@@ -28,15 +28,18 @@ _DICTS = (dict, OrderedDict)
 
 
 def _children(obj: Any, path: str, skipped: set[str]) -> Iterator[tuple[Any, str]]:
-    """What `obj` holds, read without running any user code: exact built-in containers, an
-    instance `__dict__` read through the standard slot, a module's children/parameters/buffers.
-    Anything else that might hold tensors is left out and its type added to `skipped`."""
+    """What `obj` holds, read without running any user code: lists, tuples and dicts (subclasses
+    too, through the built-in methods), an instance `__dict__` read through the standard slot, a
+    module's children/parameters/buffers. An object whose class replaced `__dict__` is left out
+    and its type added to `skipped`."""
     kind = type(obj)
-    if kind is list or kind is tuple:
-        for i, item in enumerate(obj[:MAX_CONTAINER_ITEMS]):
+    # Subclasses are read through the built-in type's own C methods: never their overrides.
+    if issubclass(kind, (list, tuple)):
+        base = list if issubclass(kind, list) else tuple
+        for i, item in enumerate(base.__getitem__(obj, slice(0, MAX_CONTAINER_ITEMS))):
             yield item, f"{path}[{i}]"
         return
-    if kind is dict:
+    if issubclass(kind, dict):
         for i, (key, item) in enumerate(dict.items(obj)):
             if i >= MAX_CONTAINER_ITEMS:
                 return
@@ -44,9 +47,6 @@ def _children(obj: Any, path: str, skipped: set[str]) -> Iterator[tuple[Any, str
                 yield item, f"{path}[{key!r}]"
         return
     if issubclass(kind, (torch.Tensor, torch.optim.Optimizer)) or kind.__module__ == "numpy":
-        return
-    if issubclass(kind, (list, tuple, dict, set, frozenset)):
-        skipped.add(kind.__qualname__)  # a user container: reading it runs its methods
         return
     attrs = _instance_dict(obj, kind)
     if attrs is None:

@@ -1,0 +1,50 @@
+"""`warnings.warn` while a block runs: a warning lands on the frame it would land on untracked.
+
+A torch function implemented in Python (`F.softmax`) reaches the recorder's mode through
+`handle_torch_function` and runs again from the recorder's frames, so a `stacklevel` counted
+from inside it would name a recorder line (and key warning filters and once-per-location
+deduplication on it). The replacement counts `stacklevel` over the frames untracked code has:
+without the recorder's own frames, nor `handle_torch_function` and the outer call above them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import warnings
+from typing import Any
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_OVERRIDES = os.path.join("torch", "overrides.py")
+ORIGINAL_WARN = warnings.warn
+
+
+def _untracked_level(stacklevel: int) -> int:
+    """The stacklevel, counted from `warn`'s caller, that names the frame untracked code names."""
+    frame = sys._getframe(2)  # warn's caller
+    real, virtual = 1, 1
+    while frame is not None and virtual < stacklevel:
+        frame = frame.f_back
+        real += 1
+        if frame is None or not frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+            virtual += 1
+            continue
+        # A run of recorder frames: skip it, and the dispatch frames torch put above it.
+        while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+            frame, real = frame.f_back, real + 1
+        if frame is not None and frame.f_code.co_filename.endswith(_OVERRIDES):
+            frame, real = frame.f_back, real + 1  # handle_torch_function
+            if frame is not None:
+                frame, real = frame.f_back, real + 1  # the torch function's outer call
+        virtual += 1
+    return real
+
+
+def warn(message: Any, category: Any = None, stacklevel: int = 1, source: Any = None) -> None:
+    """`warnings.warn`, attributed as untracked (see the module docstring)."""
+    if type(stacklevel) is int and stacklevel > 1:
+        # Never let attribution change whether a warning is raised.
+        with contextlib.suppress(Exception):
+            stacklevel = _untracked_level(stacklevel)
+    ORIGINAL_WARN(message, category, stacklevel + 1, source)
