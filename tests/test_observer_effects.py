@@ -246,12 +246,25 @@ def _jit_trace() -> torch.Tensor:
 
 def _swap() -> torch.Tensor:
     x, y = torch.ones(3), torch.zeros(3)
-    z = x * 2
+    z = x.detach() * 2  # the recorder links x and its detached alias
     torch.utils.swap_tensors(x, y)
     return torch.stack([x, y, z])
 
 
+def _module_to_with_swap() -> list:
+    was = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        model = torch.nn.Linear(3, 2)
+        model(torch.ones(1, 3)).sum().backward()
+        model.to(torch.float64)
+        return [p.dtype for p in model.parameters()]
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(was)
+
+
 CRASH_CASES = {
+    "Module.to with swap": _module_to_with_swap,
     "torch.func": _func_transforms,
     "disabled hooks": _hooks_disabled,
     "nested": _nested,
@@ -556,3 +569,10 @@ def _once_per_location(tracked: bool) -> int:
 
 def test_once_per_location_dedup_is_the_same_tracked():
     assert _once_per_location(True) == _once_per_location(False) == 2
+
+
+@pytest.mark.xfail(strict=True, reason="with saved-tensor hooks set, PyTorch wraps every unpack")
+def test_a_saved_leaf_unpacks_as_the_same_object():
+    x = torch.ones(3, requires_grad=True)
+    with am.track():
+        assert x.sin().grad_fn._saved_self is x

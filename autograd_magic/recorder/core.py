@@ -522,6 +522,10 @@ class Recorder:
         finally:
             self._busy -= 1
 
+    def forget(self, obj: Any) -> None:
+        """Hold no weak reference to `obj` any more (before `torch.utils.swap_tensors`)."""
+        self.aliases.registry.forget(obj)
+
     def user_hooks_entered(self) -> None:
         """User saved-tensor hooks were entered: they hide saved tensors from this block."""
         site = self._sites.here(2)

@@ -49,6 +49,14 @@ class ObjectRegistry:
 
         return forget
 
+    def forget(self, obj: Any) -> None:
+        """Drop the weak reference to `obj` (its id and label stay): `torch.utils.swap_tensors`
+        refuses tensors that have any."""
+        entry = self._by_address.get(id(obj))
+        if entry is not None and entry[0]() is obj:
+            del self._by_address[id(obj)]
+            self._by_uid.pop(entry[1], None)
+
     def alive(self) -> dict[int, int]:
         """Address -> uid of the registered objects that are still alive."""
         return {addr: uid for addr, (ref, uid) in self._by_address.items() if ref() is not None}

@@ -35,6 +35,8 @@ class Patched(Protocol):
 
     def resume(self) -> None: ...
 
+    def forget(self, obj: Any) -> None: ...
+
 
 _active: list[weakref.ref[Patched]] = []
 _originals: dict[str, Any] = {}
@@ -74,6 +76,14 @@ def _hooks_enable() -> None:
         block = _suspended.pop(0)()
         if block is not None and any(ref() is block for ref in _active):
             block.resume()
+
+
+def _swap_tensors(t1: Any, t2: Any) -> Any:
+    # swap_tensors refuses tensors with weak references: the blocks let go of theirs first.
+    for block in _live_blocks():
+        block.forget(t1)
+        block.forget(t2)
+    return _originals["swap_tensors"](t1, t2)
 
 
 def _jit_tracer(name: str) -> Callable[..., Any]:
@@ -122,6 +132,7 @@ _PATCHES: list[tuple[Any, str, Any, str]] = [
     (torch.jit, "trace", _JIT["trace"], "trace"),
     (torch.jit, "trace_module", _JIT["trace_module"], "trace_module"),
     (warnings, "warn", warnings_site.warn, "warn"),
+    (torch.utils, "swap_tensors", _swap_tensors, "swap_tensors"),
 ]
 _DEFAULTS = {
     "from_numpy": _ORIGINAL_FROM_NUMPY,
@@ -130,6 +141,7 @@ _DEFAULTS = {
     "hooks_enable": _ORIGINAL_HOOKS_ENABLE,
     **_ORIGINAL_JIT,
     "warn": warnings_site.ORIGINAL_WARN,
+    "swap_tensors": torch.utils.swap_tensors,
 }
 
 
