@@ -576,3 +576,21 @@ def test_a_saved_leaf_unpacks_as_the_same_object():
     x = torch.ones(3, requires_grad=True)
     with am.track():
         assert x.sin().grad_fn._saved_self is x
+
+
+def _anomaly_stack(tracked: bool) -> list[str]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.autograd.detect_anomaly(), am.track() if tracked else contextlib.nullcontext():
+            x = torch.ones(2, 3, requires_grad=True)
+            y = torch.nn.functional.softmax(x.exp(), dim=1)
+    entries = (
+        y.grad_fn.metadata["traceback_"] + y.grad_fn.next_functions[0][0].metadata["traceback_"]
+    )
+    # Frames only (file, function): the two runs are called from different lines of this file.
+    heads = [e.splitlines()[0] for e in entries]
+    return [h.split(", line")[0] + h.split(",")[-1] for h in heads]
+
+
+def test_anomaly_mode_forward_stack_shows_no_recorder_frames():
+    assert _anomaly_stack(True) == _anomaly_stack(False)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
+import torch.fx.traceback
 from torch.overrides import _get_current_function_mode_stack, _pop_mode, _push_mode
 
 from autograd_magic.recorder import warnings_site
@@ -133,6 +134,7 @@ _PATCHES: list[tuple[Any, str, Any, str]] = [
     (torch.jit, "trace_module", _JIT["trace_module"], "trace_module"),
     (warnings, "warn", warnings_site.warn, "warn"),
     (torch.utils, "swap_tensors", _swap_tensors, "swap_tensors"),
+    (torch.fx.traceback, "format_stack", warnings_site.format_stack, "format_stack"),
 ]
 _DEFAULTS = {
     "from_numpy": _ORIGINAL_FROM_NUMPY,
@@ -142,6 +144,7 @@ _DEFAULTS = {
     **_ORIGINAL_JIT,
     "warn": warnings_site.ORIGINAL_WARN,
     "swap_tensors": torch.utils.swap_tensors,
+    "format_stack": warnings_site.ORIGINAL_FORMAT_STACK,
 }
 
 

@@ -1,4 +1,6 @@
-"""`warnings.warn` while a block runs: a warning lands on the frame it would land on untracked.
+"""Where torch points at the user's code while a block runs: warnings, anomaly-mode stacks.
+
+`warnings.warn`: a warning lands on the frame it would land on untracked.
 
 A torch function implemented in Python (`F.softmax`) reaches the recorder's mode through
 `handle_torch_function` and runs again from the recorder's frames, so a `stacklevel` counted
@@ -14,6 +16,8 @@ import os
 import sys
 import warnings
 from typing import Any
+
+import torch.fx.traceback as torch_fx_traceback
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _OVERRIDES = os.path.join("torch", "overrides.py")
@@ -48,3 +52,29 @@ def warn(message: Any, category: Any = None, stacklevel: int = 1, source: Any = 
         with contextlib.suppress(Exception):
             stacklevel = _untracked_level(stacklevel)
     ORIGINAL_WARN(message, category, stacklevel + 1, source)
+
+
+def without_recorder(entries: list[str]) -> list[str]:
+    """A formatted stack (outermost first) as untracked code has it: no recorder entries, nor the
+    `handle_torch_function` entry and the outer call that led into them."""
+    out: list[str] = []
+    marker = f'File "{_PACKAGE_DIR}'
+    in_run = False
+    for entry in entries:
+        if marker not in entry:
+            out.append(entry)
+            in_run = False
+            continue
+        if not in_run and out and _OVERRIDES in out[-1] and "handle_torch_function" in out[-1]:
+            del out[-2:]  # handle_torch_function, and the outer call that runs again inside
+        in_run = True
+    return out
+
+
+def format_stack() -> list[str]:
+    """`torch.fx.traceback.format_stack` (what anomaly mode stores per node), without the
+    recorder's frames."""
+    return without_recorder(ORIGINAL_FORMAT_STACK())
+
+
+ORIGINAL_FORMAT_STACK = torch_fx_traceback.format_stack
