@@ -594,3 +594,34 @@ def _anomaly_stack(tracked: bool) -> list[str]:
 
 def test_anomaly_mode_forward_stack_shows_no_recorder_frames():
     assert _anomaly_stack(True) == _anomaly_stack(False)
+
+
+def _block_inside_disabled_hooks() -> torch.Tensor:
+    x = torch.ones(3, requires_grad=True)
+    with torch.autograd.graph.disable_saved_tensors_hooks("no hooks here"), am.track():
+        y = x.exp().sum()
+    y.backward()
+    return x.grad
+
+
+def _block_inside_grad() -> torch.Tensor:
+    def f(t: torch.Tensor) -> torch.Tensor:
+        with am.track():
+            return (t.sin() * t).sum()
+
+    return torch.func.grad(f)(torch.arange(3.0))
+
+
+@pytest.mark.parametrize("body", [_block_inside_disabled_hooks, _block_inside_grad])
+def test_a_block_entered_where_hooks_are_refused_runs(body):
+    untracked = _outcome(lambda: _strip_tracking(body), tracked=False)[0]
+    assert _same(body(), untracked)
+
+
+def _strip_tracking(body: Callable[[], Any]) -> Any:
+    real = am.track
+    am.track = contextlib.nullcontext  # type: ignore[assignment]
+    try:
+        return body()
+    finally:
+        am.track = real

@@ -149,9 +149,18 @@ class Recorder:
     def _install(self) -> None:
         install.purge_ended_modes(_RecorderMode)
         self._pack_hook, self._mode = self._pack, _RecorderMode(self)
-        install.push_hooks(self._pack_hook, self._unpack)
+        disabled = install.hooks_disabled_message()
+        if disabled is None:
+            install.push_hooks(self._pack_hook, self._unpack)
         install.push_mode_innermost(self._mode)
         install.add_patches(self)
+        if disabled is not None:
+            # Entered where PyTorch refuses saved-tensor hooks (inside a torch.func transform or
+            # disable_saved_tensors_hooks): ours join when hooks are enabled again.
+            kind = "torch.func" if disabled.startswith("torch.func") else "hooks-disabled"
+            self._note_blindspot(kind, self._sites.here(2), install.DISABLED_MESSAGES[kind])
+            self._suspended = "hooks"
+            install.suspended_until_enabled(self)
 
     def _uninstall(self) -> None:
         """Remove this block's mode, hooks and patch routing (idempotent; any order of blocks)."""

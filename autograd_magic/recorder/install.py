@@ -66,7 +66,7 @@ def _hooks_disable(message: str) -> None:
     if _autograd._saved_tensors_hooks_get_disabled_error_message() is None:
         kind = "torch.func" if message.startswith("torch.func") else "hooks-disabled"
         for block in _live_blocks():
-            if block.suspend(kind, _DISABLED_MESSAGES[kind]):
+            if block.suspend(kind, DISABLED_MESSAGES[kind]):
                 _suspended.append(weakref.ref(block))
     _originals["hooks_disable"](message)
 
@@ -110,7 +110,7 @@ _ORIGINAL_HOOKS_DISABLE = _autograd._saved_tensors_hooks_disable
 _ORIGINAL_HOOKS_ENABLE = _autograd._saved_tensors_hooks_enable
 _ORIGINAL_JIT = {"trace": torch.jit.trace, "trace_module": torch.jit.trace_module}
 _JIT = {name: _jit_tracer(name) for name in _ORIGINAL_JIT}
-_DISABLED_MESSAGES = {
+DISABLED_MESSAGES = {
     "torch.func": (
         "A torch.func transform (grad, vjp, jacrev, hessian) ran at line {line}: PyTorch allows "
         "no saved-tensor hooks inside it, so the tensors it saved were not seen."
@@ -231,3 +231,13 @@ def push_mode_innermost(mode: Any) -> None:
     finally:
         for other in reversed(above):
             _push_mode(other)
+
+
+def hooks_disabled_message() -> str | None:
+    """The error PyTorch raises for saved-tensor hooks here, or None where they are allowed."""
+    return _autograd._saved_tensors_hooks_get_disabled_error_message()
+
+
+def suspended_until_enabled(block: Patched) -> None:
+    """Have `block.resume()` called when saved-tensor hooks are enabled again."""
+    _suspended.append(weakref.ref(block))
