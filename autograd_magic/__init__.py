@@ -19,9 +19,10 @@ from autograd_magic.model.records import (
     Site,
     Snapshot,
     StorageGroup,
+    TimelineSample,
     VersionBump,
 )
-from autograd_magic.model.trace import TimelineSample, Trace
+from autograd_magic.model.trace import Trace
 from autograd_magic.recorder.core import Recorder
 
 __version__ = "0.1.0"

@@ -55,26 +55,27 @@ class TrackGraphMagics(Magics):
         is the first line after `%%trackgraph`. The last trace is `autograd_magic.last_trace()`.
         """
         __tracebackhide__ = True  # the user's traceback starts in their cell
+        shell: Any = self.shell  # set once the magics are registered on a shell
         args = _parse(self.trackgraph, line)
-        body, last = _compile_cell(self.shell, cell)
+        body, last = _compile_cell(shell, cell)
         trace = Trace()
         panel, handle = None, None
-        if not (args.no_live or args.text) and _widget_frontend(self.shell):
+        if not (args.no_live or args.text) and _widget_frontend(shell):
             panel = _new_panel(trace, args.max_nodes, args.refresh)
             handle = display(panel, display_id=True)
         value, error = None, None
         try:
-            with autograd_magic.track(trace=trace, home_code=body, namespace=self.shell.user_ns):
-                exec(body, self.shell.user_ns)
+            with autograd_magic.track(trace=trace, home_code=body, namespace=shell.user_ns):
+                exec(body, shell.user_ns)
                 if last is not None:
-                    value = eval(last, self.shell.user_ns)
+                    value = eval(last, shell.user_ns)
         except BaseException as exc:  # shown in the panel, then re-raised unchanged below
             error = exc
         finally:
             trace.listen(None)
         autograd_magic._last_trace = trace
         if args.out:
-            self.shell.user_ns[args.out] = trace
+            shell.user_ns[args.out] = trace
         _show(trace, panel, handle, args, error)
         if error is not None:
             raise error.with_traceback(_from_cell(error.__traceback__, (body, last)))

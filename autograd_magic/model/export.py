@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
-
-import networkx
+from typing import TYPE_CHECKING, Any
 
 from autograd_magic.model.records import (
     AliasLink,
@@ -20,9 +18,14 @@ from autograd_magic.model.records import (
     NodeRecord,
     SavedBuffer,
     Site,
+    TimelineSample,
     VersionBump,
 )
-from autograd_magic.model.trace import TimelineSample, Trace
+
+if TYPE_CHECKING:
+    import networkx
+
+    from autograd_magic.model.trace import Trace
 
 FORMAT = "autograd_magic.trace"
 FORMAT_VERSION = 1
@@ -30,6 +33,8 @@ FORMAT_VERSION = 1
 
 def to_networkx(trace: Trace) -> networkx.DiGraph:
     """Nodes keyed by id (name, alive, born/freed lines, saved bytes); edges node -> next."""
+    import networkx  # loaded when a graph is first asked for, not with the package
+
     saved: dict[int, int] = {}
     for buffer in trace.buffers:
         if buffer.node_id is not None:
@@ -118,8 +123,9 @@ def _build(cls: type, values: dict[str, Any]) -> Any:
     return cls(**kwargs)
 
 
-def trace_from_json(text: str) -> Trace:
-    """Rebuild a `Trace` from `trace_to_json` output; raises ValueError on other documents."""
+def trace_fields(text: str) -> dict[str, Any]:
+    """The `Trace` fields of a `trace_to_json` document, for `Trace.from_records`; raises
+    ValueError on other documents. Builds records from plain values only."""
     document = json.loads(text)
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ValueError("not an autograd_magic trace export")
@@ -128,18 +134,14 @@ def trace_from_json(text: str) -> Trace:
             f"trace export version {document.get('version')} is not supported "
             f"(this autograd_magic reads version {FORMAT_VERSION})"
         )
-    trace = Trace()
-    for name in _SCALARS:
-        setattr(trace, name, document.get(name, getattr(trace, name)))
+    fields: dict[str, Any] = {name: document[name] for name in _SCALARS if name in document}
     if document.get("error_site"):
-        trace.error_site = Site(**document["error_site"])
+        fields["error_site"] = Site(**document["error_site"])
     for name, cls in _LISTS.items():
-        setattr(trace, name, [_build(cls, values) for values in document[name]])
-    trace.timeline = [TimelineSample(*values) for values in document["timeline"]]
-    trace.labels = {int(k): v for k, v in document["labels"].items()}
-    trace.object_kinds = {int(k): v for k, v in document["object_kinds"].items()}
+        fields[name] = [_build(cls, values) for values in document[name]]
+    fields["timeline"] = [TimelineSample(*values) for values in document["timeline"]]
+    fields["labels"] = {int(k): v for k, v in document["labels"].items()}
+    fields["object_kinds"] = {int(k): v for k, v in document["object_kinds"].items()}
     alive = document.get("alive_at_end")
-    trace.alive_at_end = None if alive is None else set(alive)
-    trace._node_index = {n.id: n for n in trace.nodes}
-    trace._buffer_index = {b.id: b for b in trace.buffers}
-    return trace
+    fields["alive_at_end"] = None if alive is None else set(alive)
+    return fields

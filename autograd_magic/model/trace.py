@@ -8,7 +8,7 @@ records and integers. `Trace.from_records` builds one from records (JSON loading
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from autograd_magic.model.records import (
     AliasLink,
@@ -21,6 +21,7 @@ from autograd_magic.model.records import (
     Site,
     Snapshot,
     StorageGroup,
+    TimelineSample,
     VersionBump,
 )
 
@@ -29,16 +30,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_RECORDS = 100_000
 DEFAULT_MAX_TIMELINE = 20_000
-
-
-class TimelineSample(NamedTuple):
-    """State right after an event: (sequence, live nodes, retained bytes, what happened, line)."""
-
-    seq: int
-    live_nodes: int
-    retained_bytes: int
-    what: str
-    line: int
+__all__ = ["DEFAULT_MAX_RECORDS", "DEFAULT_MAX_TIMELINE", "Listener", "TimelineSample", "Trace"]
 
 
 Listener = Callable[["Trace"], None]
@@ -170,9 +162,9 @@ class Trace:
     @classmethod
     def from_json(cls, text: str) -> Trace:
         """Load an export without executing anything."""
-        from autograd_magic.model.export import trace_from_json
+        from autograd_magic.model.export import trace_fields
 
-        return trace_from_json(text)
+        return cls.from_records(**trace_fields(text))
 
     def listen(self, callback: Listener | None, interval_s: float = 0.5) -> None:
         """Call `callback(trace)` while the block runs, at most once per `interval_s` seconds.

@@ -117,7 +117,8 @@ class AliasTracker:
     def _saved_on(self, tensor: torch.Tensor, saved_before: int) -> tuple[list[int], list[int]]:
         """Live buffers saved before the write on `tensor`'s memory: (those whose version check
         will now fail, those changed without their version moving)."""
-        failing, silent = [], []
+        failing: list[int] = []
+        silent: list[int] = []
         if self.writer.live_buffers <= 0:  # nothing saved is alive: no buffer to look up
             return failing, silent
         for ref in _refs(self._live_saved.get(storage_of(tensor)[0])):

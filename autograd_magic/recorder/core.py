@@ -15,12 +15,19 @@ import weakref
 from collections import Counter
 from collections.abc import Callable
 from types import CodeType, TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from autograd_magic.model.records import Blindspot, Finding, Holder, SavedBuffer, Site
+from autograd_magic.model.records import (
+    Blindspot,
+    BlindspotKind,
+    Finding,
+    Holder,
+    SavedBuffer,
+    Site,
+)
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import ACCUMULATE_GRAD
 from autograd_magic.recorder.aliases import AliasTracker
@@ -142,18 +149,19 @@ class Recorder:
             self._hooks.__exit__(None, None, None)
             raise
         self._original_from_numpy = torch.from_numpy
-        torch.from_numpy = self._from_numpy
+        # Patching torch's own functions is the point here (from_numpy is invisible to modes).
+        torch.from_numpy = self._from_numpy  # type: ignore[assignment]
         self._original_hooks_enter = _HOOKS_CLASS.__enter__
-        _HOOKS_CLASS.__enter__ = self._hooks_enter_wrapper()
+        _HOOKS_CLASS.__enter__ = self._hooks_enter_wrapper()  # type: ignore[method-assign]
         return self.trace
 
     def __exit__(
         self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> bool:
+    ) -> Literal[False]:
         try:
             torch.from_numpy = self._original_from_numpy
             if self._original_hooks_enter is not None:
-                _HOOKS_CLASS.__enter__ = self._original_hooks_enter
+                _HOOKS_CLASS.__enter__ = self._original_hooks_enter  # type: ignore[method-assign]
             if self._mode is not None:
                 self._mode.__exit__(None, None, None)
         finally:
@@ -185,11 +193,13 @@ class Recorder:
     def finish(self, namespace: dict[str, Any]) -> None:
         """Resolve labels against the user's namespace and compute findings (block has ended)."""
         self.aliases.check_numpy_writes()
-        key, holders, paths = self._key, [], Counter()
+        key, paths = self._key, Counter[int]()
+        holders: list[Holder] = []
 
         def note_holder(obj: Any, path: str) -> None:
-            if isinstance(obj, torch.Tensor) and obj.grad_fn is not None:
-                tag = obj.grad_fn.metadata.get(key)
+            grad_fn: Any = obj.grad_fn if isinstance(obj, torch.Tensor) else None
+            if grad_fn is not None:
+                tag = grad_fn.metadata.get(key)
                 # A few paths per root: `loss` and `losses[2]` may name the same tensor.
                 if tag is not None and paths[tag.node_id] < MAX_PATHS_PER_ROOT:
                     paths[tag.node_id] += 1
@@ -242,7 +252,7 @@ class Recorder:
         try:
             out = func(*args, **kwargs) if kwargs else func(*args)
             if type(out) is _Tensor or isinstance(out, _Tensor):
-                grad_fn = out.grad_fn
+                grad_fn: Any = out.grad_fn
                 if grad_fn is not None:
                     metadata = grad_fn.metadata
                     if self._key not in metadata and not self._born_alone(grad_fn, metadata, mark):
@@ -270,7 +280,8 @@ class Recorder:
         self._register_outputs(roots, len(self._unowned))
         key, ids = self._key, []
         for tensor in roots:
-            tag = None if tensor.grad_fn is None else tensor.grad_fn.metadata.get(key)
+            grad_fn: Any = tensor.grad_fn
+            tag = None if grad_fn is None else grad_fn.metadata.get(key)
             if tag is not None:
                 ids.append(tag.node_id)
         return ids
@@ -286,7 +297,7 @@ class Recorder:
     def _register_outputs(self, out: Any, mark: int) -> None:
         key = self._key
         if isinstance(out, torch.Tensor):
-            grad_fn = out.grad_fn
+            grad_fn: Any = out.grad_fn
             if grad_fn is not None:
                 metadata = grad_fn.metadata
                 if key not in metadata and not self._born_alone(grad_fn, metadata, mark):
@@ -296,7 +307,7 @@ class Recorder:
             roots = []
             for item in out:
                 if isinstance(item, torch.Tensor):
-                    grad_fn = item.grad_fn
+                    grad_fn = item.grad_fn  # Any, as above: `metadata` is a dict, not a method
                     if grad_fn is not None and key not in grad_fn.metadata:
                         roots.append(grad_fn)
             if roots:
@@ -379,7 +390,7 @@ class Recorder:
         self._busy += 1
         try:
             for node, node_id in nodes:
-                self._probe_hits = hits = []
+                self._probe_hits = hits = list[int]()
                 probe_saved(node)
                 self.writer.buffers_owned(hits, node_id)
                 owned.update(hits)
@@ -435,7 +446,7 @@ class Recorder:
         """True when `tensor.grad_fn` is surely not the node saving it (then `tensor` is an input
         or a leaf, which PyTorch keeps whole): none, already tagged, or made before the block on
         this thread (sequence numbers are per thread)."""
-        grad_fn = tensor.grad_fn
+        grad_fn: Any = tensor.grad_fn
         return (
             grad_fn is None
             or self._key in grad_fn.metadata
@@ -479,7 +490,7 @@ class Recorder:
 
         return enter
 
-    def _note_blindspot(self, kind: str, site: Site, message: str) -> None:
+    def _note_blindspot(self, kind: BlindspotKind, site: Site, message: str) -> None:
         if (kind, site.line) in self._blind_lines:
             return
         self._blind_lines.add((kind, site.line))
@@ -518,5 +529,5 @@ def _interned_shape(tensor: torch.Tensor) -> tuple[int, ...]:
 def _current_sequence_nr() -> int:
     """The autograd sequence number the next node on this thread will get."""
     with torch.enable_grad():
-        probe = torch.zeros((), requires_grad=True).mul(1)
+        probe: Any = torch.zeros((), requires_grad=True).mul(1)
         return probe.grad_fn._sequence_nr()

@@ -48,9 +48,10 @@ def _children(obj: Any, path: str) -> Iterator[tuple[Any, str]]:
     elif isinstance(obj, (torch.Tensor, torch.optim.Optimizer)) or type(obj).__module__ == "numpy":
         return
     else:
-        attrs = getattr(obj, "__dict__", None)
-        if not isinstance(attrs, dict):
+        found = getattr(obj, "__dict__", None)
+        if not isinstance(found, dict):
             return
+        attrs = found
     for name, value in attrs.items():
         if not name.startswith("_"):
             yield value, f"{path}.{name}"

@@ -57,7 +57,7 @@ class SiteFinder:
 
     def here(self, skip: int = 1) -> Site:
         """The site of the calling event, looked up `skip` frames above this call."""
-        frame = sys._getframe(skip + 1)
+        frame: FrameType | None = sys._getframe(skip + 1)
         library = self._library
         while frame is not None:
             filename = frame.f_code.co_filename

@@ -21,9 +21,10 @@ from autograd_magic.model.records import (
     NodeRecord,
     SavedBuffer,
     Site,
+    TimelineSample,
     VersionBump,
 )
-from autograd_magic.model.trace import TimelineSample, Trace
+from autograd_magic.model.trace import Trace
 
 NODES_CREATED = "nodes created"
 NODE_FREED = "node freed"

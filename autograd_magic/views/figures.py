@@ -40,7 +40,8 @@ def graph_figure(view: GraphView, selected: int | None = None, width: float = 9.
     ys = [-b.layer for b in boxes]
     # One NaN-separated polyline for all edges: several times faster to draw than a
     # LineCollection of 10,000 segments.
-    edge_x, edge_y = [], []
+    edge_x: list[float] = []
+    edge_y: list[float] = []
     for a, b in view.edges:
         edge_x += (xs[a], xs[b], math.nan)
         edge_y += (ys[a], ys[b], math.nan)

@@ -191,7 +191,8 @@ def storage_table(trace: Trace) -> Table:
             rows.append((f"group {number}", member, group.how.get(member, ""), "shares memory"))
         for copy, source in group.copies.items():
             rows.append((f"group {number}", copy, f"copy of {source}", "own memory (copy)"))
-    return Table("Storage groups", ("group", "tensor / array", "how it joined", "memory"), rows)
+    headers = ("group", "tensor / array", "how it joined", "memory")
+    return Table("Storage groups", headers, tuple(rows))
 
 
 def versions_table(trace: Trace) -> Table:

@@ -7,6 +7,7 @@ trace loaded from JSON. Each kind is one small function; `analyze` runs them all
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import get_args
 
 from autograd_magic.analysis.findings.common import RecordIndex
 from autograd_magic.analysis.findings.graphs import (
@@ -17,19 +18,10 @@ from autograd_magic.analysis.findings.graphs import (
     unused_graph,
 )
 from autograd_magic.analysis.findings.writes import data_bypass, inplace_on_saved, shared_write
-from autograd_magic.model.records import Finding
+from autograd_magic.model.records import Finding, FindingKind
 from autograd_magic.model.trace import Trace
 
-KINDS = (
-    "kept-alive",
-    "graph-growth",
-    "retained-graph",
-    "backward-through-freed",
-    "inplace-on-saved",
-    "shared-write",
-    "data-bypass",
-    "unused-graph",
-)
+KINDS: tuple[FindingKind, ...] = get_args(FindingKind)
 
 _ANALYSES: tuple[Callable[[Trace, RecordIndex], list[Finding]], ...] = (
     kept_alive,

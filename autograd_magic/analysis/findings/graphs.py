@@ -73,7 +73,7 @@ def _kept_alive_chain(path: str, root: NodeRecord, graph: RecordIndex) -> Findin
 def _kept_alive_container(path: str, roots: list[NodeRecord], graph: RecordIndex) -> Finding | None:
     """Container elements or object attributes holding graphs after a backward used them."""
     nodes = graph.live_reach(n.id for n in roots)
-    if all(graph.node(i).name == ACCUMULATE_GRAD for i in nodes):
+    if all((n := graph.node(i)) is not None and n.name == ACCUMULATE_GRAD for i in nodes):
         return None
     used = any((n := graph.node(i)) is not None and n.reached_by is not None for i in nodes) or any(
         graph.epoch(r.born_seq) < len(graph.backward_seqs) for r in roots
@@ -297,8 +297,8 @@ def _freed_twice_fix(
             "Pass retain_graph=True to the earlier backward, or sum the losses and call backward "
             "once."
         )
-    holder = _widest_holder(trace, graph, shared)
-    value = f"`{holder}`" if holder else "it"
+    widest = _widest_holder(trace, graph, shared)
+    value = f"`{widest}`" if widest else "it"
     lines = line_list({cell_line(n.born_site) for n in shared})
     return (
         f"The shared part was built once (line {lines}) and is reused by every later "
