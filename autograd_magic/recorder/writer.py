@@ -42,6 +42,9 @@ class TraceWriter:
         # Where an event happened when it carries no site (a node dying): `locate(skip)`.
         self.locate = locate
         self.active_backward: BackwardCall | None = None
+        self.backward_count = 0
+        self.previous_backward_seq = 0  # the sequence number of the call before the latest
+        self._latest_backward_seq = 0
         # Packed objects autograd still holds (saved, not released): counted by the pack hook as
         # soon as one exists, since its finalizer uncounts it.
         self.live_buffers = 0
@@ -269,9 +272,17 @@ class TraceWriter:
         self.trace.error = message
         self.trace.error_site = site
 
-    def add_backward_call(self, call: BackwardCall) -> None:
-        """A backward/grad call was made (it runs after `backward_running`)."""
-        self.trace.backward_calls.append(call)
+    def add_backward_call(self, call: BackwardCall) -> int:
+        """A backward/grad call was made (it runs after `backward_running`); returns its index
+        among the block's calls. Beyond `max_records` calls it is counted, not kept."""
+        trace = self.trace
+        self.backward_count += 1
+        self.previous_backward_seq, self._latest_backward_seq = self._latest_backward_seq, call.seq
+        if len(trace.backward_calls) < trace.max_records:
+            trace.backward_calls.append(call)
+        else:
+            trace.dropped_events += 1
+        return self.backward_count - 1
 
     def backward_running(self, call: BackwardCall) -> None:
         """The engine starts: buffers and nodes released until it ends are attributed to it."""
@@ -322,10 +333,17 @@ class TraceWriter:
             self._run_open = False
 
     def _thin_timeline(self) -> None:
-        """Halve the timeline's resolution, keeping every backward marker (bounded memory)."""
+        """Halve the timeline's resolution (bounded memory, constant work per event): backward
+        markers are all kept while they are at most half of it, then thinned like the rest."""
         self.flush()
         timeline = self.trace.timeline
-        kept = [s for i, s in enumerate(timeline) if i % 2 == 0 or s.what in BACKWARD_MARKERS]
+        markers = sum(1 for s in timeline if s.what in BACKWARD_MARKERS)
+        keep_markers = 2 * markers <= len(timeline)
+        kept = [
+            s
+            for i, s in enumerate(timeline)
+            if i % 2 == 0 or (keep_markers and s.what in BACKWARD_MARKERS)
+        ]
         timeline[:] = kept
         self._timeline_stride *= 2
         last = timeline[-1] if timeline else None
