@@ -4,14 +4,19 @@ before and after)."""
 from __future__ import annotations
 
 import torch
+from torch.nn.modules import module as nn_module
 from torch.overrides import _get_current_function_mode_stack
 
 
 def installed() -> tuple:
-    """Function modes, the innermost saved-tensor hooks, and the two patched entry points."""
+    """Function modes, the innermost saved-tensor hooks, global module hooks, and the three
+    patched entry points."""
     return (
         len(_get_current_function_mode_stack()),
         torch._C._autograd._top_saved_tensors_default_hooks(False),
         torch.from_numpy,
         torch.autograd.graph.saved_tensors_hooks.__enter__,
+        tuple(nn_module._global_forward_pre_hooks),
+        tuple(nn_module._global_forward_hooks),
+        nn_module._has_any_global_hook,
     )

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from autograd_magic.model.trace import Trace
 
 FORMAT = "autograd_magic.trace"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: records carry `module`; module_calls and module_types added
+READABLE_VERSIONS = (1, 2)  # a version-1 export reads as a trace without module attribution
 
 
 def to_networkx(trace: Trace) -> networkx.DiGraph:
@@ -104,6 +105,8 @@ def trace_to_json(trace: Trace) -> str:
     document["timeline"] = [list(s) for s in trace.timeline]
     document["labels"] = {str(k): v for k, v in trace.labels.items()}
     document["object_kinds"] = {str(k): v for k, v in trace.object_kinds.items()}
+    document["module_calls"] = dict(trace.module_calls)
+    document["module_types"] = dict(trace.module_types)
     alive = trace.alive_at_end
     document["alive_at_end"] = None if alive is None else sorted(alive)
     return json.dumps(document)
@@ -129,7 +132,7 @@ def trace_fields(text: str) -> dict[str, Any]:
     document = json.loads(text)
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ValueError("not an autograd_magic trace export")
-    if document.get("version") != FORMAT_VERSION:
+    if document.get("version") not in READABLE_VERSIONS or type(document["version"]) is not int:
         raise ValueError(
             f"trace export version {document.get('version')} is not supported "
             f"(this autograd_magic reads version {FORMAT_VERSION})"
@@ -142,6 +145,8 @@ def trace_fields(text: str) -> dict[str, Any]:
     fields["timeline"] = [TimelineSample(*values) for values in document["timeline"]]
     fields["labels"] = {int(k): v for k, v in document["labels"].items()}
     fields["object_kinds"] = {int(k): v for k, v in document["object_kinds"].items()}
+    fields["module_calls"] = dict(document.get("module_calls", {}))
+    fields["module_types"] = dict(document.get("module_types", {}))
     alive = document.get("alive_at_end")
     fields["alive_at_end"] = None if alive is None else set(alive)
     return fields

@@ -59,6 +59,7 @@ class NodeRecord:
     freed_site: Site | None = None
     existed_before: bool = False
     reached_by: int | None = None  # index of the first backward call that walked this node
+    module: str | None = None  # `model.encoder.layers.0.linear1`; None outside any nn.Module
 
     @property
     def born_line(self) -> int:
@@ -93,6 +94,7 @@ class SavedBuffer:
     label: str = ""
     freed_seq: int | None = None
     freed_site: Site | None = None
+    module: str | None = None  # the nn.Module whose forward saved it, as a path; None outside
 
     @property
     def freed(self) -> bool:
@@ -174,6 +176,21 @@ class StorageGroup:
     members: tuple[str, ...]
     how: dict[str, JoinedBy]
     copies: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModuleStats:
+    """One module that ran in the block: its calls, nodes and the bytes its ops saved for
+    backward (`saved_bytes` includes submodules, `self_saved_bytes` does not; parameters, which
+    the graph does not own, are not counted)."""
+
+    path: str
+    type: str
+    calls: int
+    nodes_created: int
+    saved_bytes: int
+    self_saved_bytes: int
+    peak_retained_bytes: int
 
 
 @dataclass(frozen=True)

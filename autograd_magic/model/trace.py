@@ -16,6 +16,7 @@ from autograd_magic.model.records import (
     Blindspot,
     Finding,
     Holder,
+    ModuleStats,
     NodeRecord,
     SavedBuffer,
     Site,
@@ -52,6 +53,9 @@ class Trace:
         self.blindspots: list[Blindspot] = []
         self.holders: list[Holder] = []
         self.labels: dict[int, str] = {}
+        # nn.Module path -> forward calls in the block, and its class name (see `modules()`).
+        self.module_calls: dict[str, int] = {}
+        self.module_types: dict[str, str] = {}
         self.object_kinds: dict[int, str] = {}
         # Ids of tracked tensors/arrays still alive when the block ended (None while running).
         self.alive_at_end: set[int] | None = None
@@ -140,6 +144,12 @@ class Trace:
     def buffers_of(self, node_id: int) -> list[SavedBuffer]:
         """The saved buffers a node owns."""
         return [b for b in self.buffers if b.node_id == node_id]
+
+    def modules(self) -> list[ModuleStats]:
+        """One entry per nn.Module that ran in the block, most saved bytes first."""
+        from autograd_magic.model.modules import module_stats
+
+        return module_stats(self)
 
     def storage_groups(self) -> list[StorageGroup]:
         """Groups of tensors/arrays that share memory, with how each joined and copies beside."""

@@ -281,11 +281,15 @@ class AliasTracker:
         namespace: dict[str, Any],
         budget_s: float,
         also: Callable[[Any, str], None] | None = None,
-    ) -> None:
-        """Replace op labels by the user's variable paths for objects still alive."""
+        extra: dict[int, int] | None = None,
+    ) -> dict[int, str]:
+        """Replace op labels by the user's variable paths for objects still alive; `extra`
+        (address -> negative id) asks for more objects' paths in the same walk. Returns every
+        path found by id."""
         alive = self.registry.alive()
-        if alive or also is not None:
-            names, complete = find_names(namespace, alive, budget_s, also)
+        wanted = {**alive, **extra} if extra else alive
+        if wanted or also is not None:
+            names, complete = find_names(namespace, wanted, budget_s, also)
         else:  # nothing alive to name and no holder to look for: skip the walk
             names, complete = {}, True
         labels = {
@@ -301,6 +305,7 @@ class AliasTracker:
                     "tensors keep op labels like exp#3.",
                 )
             )
+        return names
 
 
 def _version_groups(links: list[AliasLink]) -> dict[int, list[int]]:

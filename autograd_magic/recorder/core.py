@@ -32,6 +32,7 @@ from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import ACCUMULATE_GRAD
 from autograd_magic.recorder.aliases import AliasTracker
 from autograd_magic.recorder.backward import run_backward
+from autograd_magic.recorder.modules import ModuleTracker
 from autograd_magic.recorder.naming import frame_namespace
 from autograd_magic.recorder.ops import OpKind, classify
 from autograd_magic.recorder.saved import PackedSaved, probe_saved, storage_of
@@ -132,6 +133,7 @@ class Recorder:
         self._original_hooks_enter: Any = None
         self._blind_lines: set[tuple[str, int]] = set()
         self.aliases = AliasTracker(self.writer, self._sites)
+        self.modules = ModuleTracker(self.writer)
 
     # ----- install / remove -------------------------------------------------------------
     def __enter__(self) -> Trace:
@@ -148,6 +150,7 @@ class Recorder:
         except BaseException:
             self._hooks.__exit__(None, None, None)
             raise
+        self.modules.install()
         self._original_from_numpy = torch.from_numpy
         # Patching torch's own functions is the point here (from_numpy is invisible to modes).
         torch.from_numpy = self._from_numpy  # type: ignore[assignment]
@@ -159,6 +162,7 @@ class Recorder:
         self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None
     ) -> Literal[False]:
         try:
+            self.modules.remove()
             torch.from_numpy = self._original_from_numpy
             if self._original_hooks_enter is not None:
                 _HOOKS_CLASS.__enter__ = self._original_hooks_enter  # type: ignore[method-assign]
@@ -207,9 +211,17 @@ class Recorder:
 
         # Holders keep a live graph root alive: with no live node there is none to find.
         live = self.trace.live_nodes > 0
-        self.aliases.resolve_labels(
-            namespace, self._name_budget_s, also=note_holder if live else None
+        roots = self.modules.root_placeholders()
+        # Root modules are looked up in the same walk, under negative ids.
+        extra = {id(module): -1 - i for i, module in enumerate(roots.values())}
+        names = self.aliases.resolve_labels(
+            namespace, self._name_budget_s, also=note_holder if live else None, extra=extra
         )
+        root_names = {
+            placeholder: names.get(-1 - i) or self.writer.module_types.get(placeholder, "module")
+            for i, placeholder in enumerate(roots)
+        }
+        self.writer.end_modules(root_names)
         self.writer.end_holders(holders)
         self.writer.close(None if self._analyze is None else self._analyze(self.trace))
 

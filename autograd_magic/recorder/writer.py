@@ -42,6 +42,11 @@ class TraceWriter:
         # Where an event happened when it carries no site (a node dying): `locate(skip)`.
         self.locate = locate
         self.active_backward: BackwardCall | None = None
+        # The innermost nn.Module being called (set by the module tracker), and per module path
+        # its calls and class name.
+        self.module: str | None = None
+        self.module_calls: dict[str, int] = {}
+        self.module_types: dict[str, str] = {}
         self.backward_count = 0
         self.previous_backward_seq = 0  # the sequence number of the call before the latest
         self._latest_backward_seq = 0
@@ -88,7 +93,15 @@ class TraceWriter:
         if len(trace.nodes) >= trace.max_records:
             trace.dropped_nodes += 1
             return
-        record = NodeRecord(node_id, name, trace.seq, site, next_ids, existed_before=existed_before)
+        record = NodeRecord(
+            node_id,
+            name,
+            trace.seq,
+            site,
+            next_ids,
+            existed_before=existed_before,
+            module=self.module,
+        )
         trace.nodes.append(record)
         self._nodes[node_id] = record
 
@@ -102,7 +115,7 @@ class TraceWriter:
         if live > trace.peak_live_nodes:
             trace.peak_live_nodes = live
         if len(trace.nodes) < trace.max_records:
-            record = NodeRecord(node_id, name, seq, site, next_ids)
+            record = NodeRecord(node_id, name, seq, site, next_ids, module=self.module)
             trace.nodes.append(record)
             self._nodes[node_id] = record
         else:
@@ -165,6 +178,7 @@ class TraceWriter:
         if len(trace.buffers) >= trace.max_records:
             trace.dropped_buffers += 1
         else:
+            buffer.module = self.module
             trace.buffers.append(buffer)
             self._buffers[buffer.id] = buffer
         self.sample("buffer saved", buffer.saved_site)
@@ -266,6 +280,26 @@ class TraceWriter:
     def end_holders(self, holders: list[Holder]) -> None:
         """User-visible paths that keep a live graph root alive at the end of the block."""
         self.trace.holders.extend(holders)
+
+    def end_modules(self, root_names: dict[str, str]) -> None:
+        """Replace each root placeholder (`<0>`) in module paths by the user's name for that
+        module (`model`), and store every module's calls and class."""
+        final: dict[str, str] = {}
+
+        def rename(path: str) -> str:
+            named = final.get(path)
+            if named is None:
+                root, dot, rest = path.partition(".")
+                named = final[path] = root_names.get(root, root) + dot + rest
+            return named
+
+        trace = self.trace
+        for records in (trace.nodes, trace.buffers):
+            for record in records:
+                if record.module is not None:
+                    record.module = rename(record.module)
+        trace.module_calls = {rename(p): n for p, n in self.module_calls.items()}
+        trace.module_types = {rename(p): t for p, t in self.module_types.items()}
 
     def block_error(self, message: str, site: Site | None) -> None:
         """The exception that ended the block."""
