@@ -47,9 +47,9 @@ def summary_items(trace: Trace) -> list[tuple[str, str]]:
         ),
         ("Nodes created", f"{s.nodes_created:,}"),
         ("Tensors saved for backward", f"{s.buffers_saved:,}"),
-        ("Backward calls", f"{len(trace.backward_calls)}"),
+        ("Backward calls", f"{len(trace.backward_calls):,}"),
         ("Shared-storage groups", f"{len(trace.storage_groups())}"),
-        ("Version bumps (in-place writes)", f"{len(trace.version_bumps)}"),
+        ("Version bumps (in-place writes)", f"{len(trace.version_bumps):,}"),
     ]
 
 
