@@ -55,7 +55,7 @@ def test_timeline_of_a_long_loop_is_an_envelope_over_steps(mlp_loop):
     nodes, retained = fig.axes
     # THEN the x axis counts training steps (one per backward call), 0 to 1,000
     assert nodes.get_xlim()[1] == pytest.approx(STEPS, rel=0.1)
-    assert retained.get_xlabel().startswith("training step (step k ends when backward call k")
+    assert retained.get_xlabel().startswith("step (step k ends when backward call k")
     # AND no line carries more points than the figure has pixel columns (never a solid block)
     columns = fig.get_figwidth() * fig.dpi
     lines = [a for ax in fig.axes for a in ax.get_children() if isinstance(a, Line2D)]

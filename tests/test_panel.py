@@ -23,7 +23,7 @@ def test_summary_and_findings_read_like_the_report():
     assert "Line 4: `loss` keeps the graph built at line 4 alive." in findings
     assert findings.index("Line 7 raised") < findings.index("Line 4:")
     assert "--jp-error-color1" in findings  # the error line is highlighted
-    assert "Line 5: backward(retain_graph=True) released 1 saved tensors" in panel.calls.value
+    assert "Line 5: backward(retain_graph=True) released 1 saved tensor" in panel.calls.value
 
 
 def test_tables_and_tab_titles_after_finish():

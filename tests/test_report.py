@@ -144,7 +144,7 @@ def test_sentences_report_record_caps_instead_of_cutting_silently():
 def test_backward_sentences_name_flags_and_what_was_released():
     (call,) = backward_sentences(handmade_trace())
     assert call.text == (
-        "Line 5: backward(retain_graph=True) released 1 saved tensors, freeing 24 B of retained "
+        "Line 5: backward(retain_graph=True) released 1 saved tensor, freeing 24 B of retained "
         "memory; the graph was kept for another backward."
     )
 

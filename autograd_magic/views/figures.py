@@ -26,6 +26,7 @@ ALIVE, FREED, LEAF = "#e8590c", "#adb5bd", "#2f9e44"
 NODES_COLOR, BYTES_COLOR, BACKWARD_COLOR, ERROR_COLOR = "#1c7ed6", "#e8590c", "#7048e8", "#e03131"
 INK = "#7b8189"  # text and axes: about 4:1 contrast on both white and JupyterLab dark
 LABEL_LIMIT = 60
+MIN_STEPS = 3  # backward calls before the timeline counts steps (a loop, not a retry)
 
 
 def graph_figure(view: GraphView, selected: int | None = None, width: float = 9.0) -> Figure:
@@ -107,8 +108,8 @@ def _short_label(box: Box) -> str:
 def timeline_figure(
     trace: Trace, width: float = 9.0, height: float = 3.8, dpi: int = 100
 ) -> Figure:
-    """Live nodes (top) and retained bytes (bottom) over training steps (when the block called
-    backward at least twice: step k ends with backward call k) or over recorded events; drawn as
+    """Live nodes (top) and retained bytes (bottom) over steps (when the block called backward
+    `MIN_STEPS` times or more: step k ends with backward call k) or over recorded events; drawn as
     a min-max envelope per pixel column when samples outnumber columns; backward calls, big drops
     and the error marked with their lines."""
     # Fixed margins: constrained layout would measure every label first, half the drawing time.
@@ -164,12 +165,12 @@ def timeline_figure(
 
 
 def _x_axis(trace: Trace, seqs: numpy.ndarray) -> tuple[numpy.ndarray, str, bool]:
-    """Positions of the samples: in steps when the block called backward twice or more (wall
+    """Positions of the samples: in steps when the block called backward `MIN_STEPS` times (wall
     time is not recorded; a step ends where a backward call ends), else the events' order."""
     calls = [c for c in trace.backward_calls if c.seq >= seqs[0]]
     ends = sorted({c.end_seq if c.end_seq is not None else c.seq for c in calls})
     ends = [e for e in ends if seqs[0] < e]
-    if len(ends) < 2:
+    if len(ends) < MIN_STEPS:
         return (
             seqs,
             "recorded events in order (ops, saves, frees; labels give the cell line)",
@@ -182,7 +183,7 @@ def _x_axis(trace: Trace, seqs: numpy.ndarray) -> tuple[numpy.ndarray, str, bool
     x[after] = len(knots) - 1 + (seqs[after] - knots[-1]) / width
     lines = sorted({c.site.outer_line or c.line for c in calls})
     at = ("line " if len(lines) == 1 else "lines ") + ", ".join(map(str, lines[:5]))
-    return x, f"training step (step k ends when backward call k, {at}, finishes)", True
+    return x, f"step (step k ends when backward call k, {at}, finishes)", True
 
 
 def _series(ax: Any, x: numpy.ndarray, y: numpy.ndarray, colour: str, columns: int) -> bool:

@@ -137,12 +137,12 @@ def _backward_sentence(calls: list[BackwardCall]) -> Sentence:
     sizes = sorted({c.released_bytes for c in calls})
     if len(calls) == 1:
         text = (
-            f"{head} released {call.released_buffers} saved tensors, freeing "
+            f"{head} released {_tensors(call.released_buffers)}, freeing "
             f"{format_bytes(call.released_bytes)} of retained memory"
         )
     elif len(counts) == 1 and len(sizes) == 1:
         text = (
-            f"{head}, each released {counts[0]:,} saved tensors, freeing "
+            f"{head}, each released {_tensors(counts[0])}, freeing "
             f"{format_bytes(sizes[0])} of retained memory"
         )
     else:
@@ -154,6 +154,10 @@ def _backward_sentence(calls: list[BackwardCall]) -> Sentence:
     if call.retain_graph:
         text += "; the graph was kept for another backward"
     return Sentence(text + ".", line, "note")
+
+
+def _tensors(count: int) -> str:
+    return "1 saved tensor" if count == 1 else f"{count:,} saved tensors"
 
 
 def _span(values: list[int], show: Callable[[int], str]) -> str:
