@@ -88,8 +88,9 @@ def graph_figure(view: GraphView, selected: int | None = None, width: float = 9.
     ]
     ax.legend(handles=handles, loc="upper right", fontsize=7, frameon=False, labelcolor=INK)
     ax.set_title(
-        "inputs (leaves) at the top, the loss at the bottom; dot size = bytes the node saved for "
-        "backward over the whole block (tensors since released included)",
+        "inputs (leaves) at the top, the loss at the bottom\n"
+        "dot size = bytes each node saved for backward over the whole block, "
+        "released ones included",
         size=8,
         color=INK,
     )
