@@ -3,15 +3,17 @@ envelope, and live timeline redraws that fit the panel's time budget."""
 
 from __future__ import annotations
 
+import io
 import time
 
+import numpy
 import pytest
 import torch
 from matplotlib.lines import Line2D
 from torch import nn
 
 import autograd_magic
-from autograd_magic.views import figures
+from autograd_magic.views import figures, series
 from autograd_magic.views.panel import NUMBERS_SHARE, TracePanel
 from autograd_magic.views.text import render_text
 
@@ -104,3 +106,38 @@ def test_panel_on_a_1000_step_loop_renders_quickly(mlp_loop):
     elapsed = time.perf_counter() - start
     assert "1,000 backward() calls" in panel.calls.value
     assert elapsed < 10.0  # ~1 s measured on a shared 2-core machine
+
+
+def test_envelope_keeps_each_columns_extremes_and_carries_values_into_empty_ones():
+    # GIVEN a sawtooth 0..9 repeated 100 times over x = 0..999, and 10 columns
+    x = numpy.arange(1000, dtype=float)
+    y = numpy.tile(numpy.arange(10, dtype=float), 100)
+    _, low, high = series.envelope(x, y, 10)
+    # THEN every column spans 0 to 9
+    assert list(low) == [0.0] * 10 and list(high) == [9.0] * 10
+    # AND with more columns than samples, empty columns hold the value carried in
+    _, low, high = series.envelope(numpy.array([0.0, 10.0]), numpy.array([3.0, 5.0]), 5)
+    assert list(low) == [3.0, 3.0, 3.0, 3.0, 3.0] and list(high) == [3.0, 3.0, 3.0, 3.0, 5.0]
+
+
+def test_live_timeline_is_a_fast_sparkline_with_its_scales_in_words(mlp_loop):
+    from PIL import Image
+
+    # GIVEN the 1,000-step loop still running WHEN the live panel redraws its timeline
+    mlp_loop.finished = False
+    try:
+        panel = TracePanel(mlp_loop)
+        start = time.perf_counter()
+        png = series.sparkline_png(mlp_loop)
+        elapsed = time.perf_counter() - start
+        note = panel.timeline_note.value
+    finally:
+        mlp_loop.finished = True
+    # THEN it takes milliseconds, is transparent, and the note gives what the bands are
+    assert elapsed < 0.2  # ~10 ms measured
+    picture = Image.open(io.BytesIO(png))
+    assert picture.mode == "RGBA" and picture.getpixel((400, 66))[3] == 0
+    assert "Live: autograd nodes alive (blue, top: 0 to 20 peak)" in note
+    assert "0 B to 1.0 KiB peak) over 1,000 steps (backward calls) so far" in note
+    # AND the finished panel shows the full figure with no live note
+    assert TracePanel(mlp_loop).timeline_note.value == ""

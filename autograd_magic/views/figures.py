@@ -21,12 +21,12 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator, MultipleLocator
 from autograd_magic.analysis.layout import Box, GraphView
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import ACCUMULATE_GRAD, format_bytes
+from autograd_magic.views.series import envelope, x_axis
 
 ALIVE, FREED, LEAF = "#e8590c", "#adb5bd", "#2f9e44"
 NODES_COLOR, BYTES_COLOR, BACKWARD_COLOR, ERROR_COLOR = "#1c7ed6", "#e8590c", "#7048e8", "#e03131"
 INK = "#7b8189"  # text and axes: about 4:1 contrast on both white and JupyterLab dark
 LABEL_LIMIT = 60
-MIN_STEPS = 3  # backward calls before the timeline counts steps (a loop, not a retry)
 
 
 def graph_figure(view: GraphView, selected: int | None = None, width: float = 9.0) -> Figure:
@@ -124,7 +124,7 @@ def timeline_figure(
         ax.text(0.5, 0.5, "Nothing recorded yet", ha="center", transform=ax.transAxes, color=INK)
         return fig
     seqs = numpy.fromiter((s.seq for s in samples), float, len(samples))
-    x, xlabel, steps = _x_axis(trace, seqs)
+    x, xlabel, steps = x_axis(trace, seqs)
     ax, ax2 = fig.subplots(2, 1, sharex=True)
     columns = int(width * dpi * 0.8)  # the plot area's width in pixels, about
     live = numpy.fromiter((s.live_nodes for s in samples), float, len(samples))
@@ -165,28 +165,6 @@ def timeline_figure(
     return fig
 
 
-def _x_axis(trace: Trace, seqs: numpy.ndarray) -> tuple[numpy.ndarray, str, bool]:
-    """Positions of the samples: in steps when the block called backward `MIN_STEPS` times (wall
-    time is not recorded; a step ends where a backward call ends), else the events' order."""
-    calls = [c for c in trace.backward_calls if c.seq >= seqs[0]]
-    ends = sorted({c.end_seq if c.end_seq is not None else c.seq for c in calls})
-    ends = [e for e in ends if seqs[0] < e]
-    if len(ends) < MIN_STEPS:
-        return (
-            seqs,
-            "recorded events in order (ops, saves, frees; labels give the cell line)",
-            False,
-        )
-    knots = numpy.array([seqs[0], *ends], dtype=float)
-    x = numpy.interp(seqs, knots, numpy.arange(len(knots), dtype=float))
-    width = (knots[-1] - knots[0]) / (len(knots) - 1)
-    after = seqs > knots[-1]
-    x[after] = len(knots) - 1 + (seqs[after] - knots[-1]) / width
-    lines = sorted({c.site.outer_line or c.line for c in calls})
-    at = ("line " if len(lines) == 1 else "lines ") + ", ".join(map(str, lines[:5]))
-    return x, f"step (step k ends when backward call k, {at}, finishes)", True
-
-
 def _series(ax: Any, x: numpy.ndarray, y: numpy.ndarray, colour: str, columns: int) -> bool:
     """Draw `y` as steps, or as a min-max envelope per column when samples outnumber columns
     (a solid block of lines says nothing). True when an envelope was drawn."""
@@ -194,14 +172,7 @@ def _series(ax: Any, x: numpy.ndarray, y: numpy.ndarray, colour: str, columns: i
         ax.fill_between(x, y, step="post", color=colour, alpha=0.2, lw=0)
         ax.step(x, y, where="post", color=colour, lw=1.1)
         return False
-    edges = numpy.linspace(x[0], x[-1], columns + 1)
-    column = numpy.minimum(numpy.searchsorted(edges, x, side="right") - 1, columns - 1)
-    starts = numpy.flatnonzero(numpy.diff(column, prepend=-1))
-    low = numpy.minimum.reduceat(y, starts)
-    high = numpy.maximum.reduceat(y, starts)
-    carried = y[numpy.maximum(starts - 1, 0)]  # the value held on entering the column
-    low, high = numpy.minimum(low, carried), numpy.maximum(high, carried)
-    centres = (edges[column[starts]] + edges[column[starts] + 1]) / 2
+    centres, low, high = envelope(x, y, columns)
     ax.fill_between(centres, low, high, step="mid", color=colour, alpha=0.35, lw=0)
     ax.step(centres, high, where="mid", color=colour, lw=0.9)
     ax.step(centres, low, where="mid", color=colour, lw=0.6, alpha=0.7)

@@ -15,6 +15,7 @@ import ipywidgets as widgets
 
 from autograd_magic.analysis.layout import DEFAULT_MAX_NODES, GraphView, graph_view
 from autograd_magic.model.trace import Trace
+from autograd_magic.model.units import format_bytes
 from autograd_magic.views.figures import figure_png, graph_figure, timeline_figure
 from autograd_magic.views.html import (
     MUTED_STYLE,
@@ -27,6 +28,7 @@ from autograd_magic.views.html import (
     summary_html,
     table_html,
 )
+from autograd_magic.views.series import MIN_STEPS, sparkline_png
 from autograd_magic.views.text import (
     Table,
     backward_sentences,
@@ -35,7 +37,7 @@ from autograd_magic.views.text import (
     sentences,
 )
 
-TIMELINE_COST_GUESS_S = 0.1  # a timeline figure takes about 0.1-0.2 s to draw
+TIMELINE_COST_GUESS_S = 0.01  # the live sparkline takes milliseconds (the figure, 0.2 s)
 NUMBERS_SHARE = 0.25  # of the live budget, for refreshes of the numbers alone
 PANEL_CLASS = "autograd-magic-panel"
 STATIC_CLASS = "autograd-magic-static"
@@ -46,7 +48,7 @@ class TracePanel:
     """Summary, timeline, graph, buffers, storage and versions of a trace, as widgets.
 
     Each section is an attribute whose `.value` holds what the reader sees, so tests (and
-    users) can read it: `status`, `summary`, `findings`, `timeline_image`, `calls`,
+    users) can read it: `status`, `summary`, `findings`, `timeline_note`, `timeline_image`, `calls`,
     `graph_image`, `graph_note`, `node_select`, `node_details`, `buffers`, `storage`,
     `versions`; `widget` is the whole panel.
     """
@@ -71,6 +73,7 @@ class TracePanel:
         html_widget = widgets.HTML
         self.status, self.summary, self.findings = html_widget(), html_widget(), html_widget()
         self.timeline_image = widgets.Image(format="png", layout={"max_width": "100%"})
+        self.timeline_note = html_widget()
         self.calls = html_widget()
         self.graph_note = html_widget()
         self.graph_image = widgets.Image(format="png", layout={"max_width": "100%"})
@@ -81,7 +84,7 @@ class TracePanel:
         self.buffers, self.storage, self.versions = html_widget(), html_widget(), html_widget()
         self.tabs = widgets.Tab(
             children=[
-                widgets.VBox([self.timeline_image, self.calls]),
+                widgets.VBox([self.timeline_note, self.timeline_image, self.calls]),
                 widgets.VBox(
                     [self.graph_note, self.graph_image, self.node_select, self.node_details]
                 ),
@@ -132,7 +135,8 @@ class TracePanel:
         ]
         if timeline:
             start = time.monotonic()
-            self._timeline_png = _timeline_png(trace)
+            self._timeline_png, note = _timeline_png(trace, live=not final)
+            changes.append((self.timeline_note, "value", note))
             if trace.timeline:  # the placeholder costs nothing and says nothing about the next
                 # The cheapest draw so far: the first pays one-off costs (fonts, caches), and
                 # the envelope keeps later draws at a size-independent cost.
@@ -272,13 +276,34 @@ def static_copy_html(fragment: str) -> str:
 _EMPTY_TIMELINE: list[bytes] = []  # the "nothing recorded yet" picture, drawn once per process
 
 
-def _timeline_png(trace: Trace) -> bytes:
-    """The timeline as PNG; a panel opened on an empty trace reuses one placeholder picture."""
-    if trace.timeline:
-        return figure_png(timeline_figure(trace))
-    if not _EMPTY_TIMELINE:
-        _EMPTY_TIMELINE.append(figure_png(timeline_figure(trace)))
-    return _EMPTY_TIMELINE[0]
+def _timeline_png(trace: Trace, live: bool = False) -> tuple[bytes, str]:
+    """The timeline as PNG and a note to show above it. Live: a sparkline (milliseconds, so it
+    keeps up at every refresh) and a note giving its scales; finished: the full figure. A panel
+    opened on an empty trace reuses one placeholder picture."""
+    if not trace.timeline:
+        if not _EMPTY_TIMELINE:
+            _EMPTY_TIMELINE.append(figure_png(timeline_figure(trace)))
+        return _EMPTY_TIMELINE[0], ""
+    if not live:
+        return figure_png(timeline_figure(trace)), ""
+    return sparkline_png(trace), div(html.escape(live_timeline_note(trace)), MUTED_STYLE)
+
+
+def live_timeline_note(trace: Trace) -> str:
+    """What the live sparkline shows, with its scales: it has no axes of its own."""
+    s = trace.snapshot()
+    done = sum(1 for c in trace.backward_calls if c.end_seq is not None)
+    over = (
+        f"over {done:,} steps (backward calls) so far"
+        if done >= MIN_STEPS
+        else "over recorded events"
+    )
+    return (
+        f"Live: autograd nodes alive (blue, top: 0 to {s.peak_live_nodes:,} peak) and retained "
+        f"saved tensors (orange, bottom: 0 B to {format_bytes(s.peak_retained_bytes)} peak) "
+        f"{over}; shading spans the lowest to highest value in each pixel column. The timeline "
+        "with axes and line labels appears when the cell ends."
+    )
 
 
 def live_panel(
