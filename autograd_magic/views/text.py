@@ -131,11 +131,14 @@ def _backward_sentence(calls: list[BackwardCall]) -> Sentence:
         what if len(calls) == 1 else f"{len(calls):,} {what} calls"
     )
     if call.error_type:
-        each = "" if len(calls) == 1 else " each"
-        return Sentence(f"{head} failed{each} with {call.error_type}: {call.error}", line, "error")
+        every = "" if len(calls) == 1 else " each"
+        return Sentence(f"{head} failed{every} with {call.error_type}: {call.error}", line, "error")
     counts = sorted({c.released_buffers for c in calls})
     sizes = sorted({c.released_bytes for c in calls})
-    if len(calls) == 1:
+    each = "" if len(calls) == 1 else ", each"
+    if counts == [0] and sizes == [0]:
+        text = f"{head}{each} released no saved tensors"
+    elif len(calls) == 1:
         text = (
             f"{head} released {_tensors(call.released_buffers)}, freeing "
             f"{format_bytes(call.released_bytes)} of retained memory"
