@@ -173,6 +173,7 @@ def _series(ax: Any, x: numpy.ndarray, y: numpy.ndarray, colour: str, columns: i
         ax.step(x, y, where="post", color=colour, lw=1.1)
         return False
     centres, low, high = envelope(x, y, columns)
+    ax.fill_between(centres, low, step="mid", color=colour, alpha=0.15, lw=0)  # as the steps
     ax.fill_between(centres, low, high, step="mid", color=colour, alpha=0.35, lw=0)
     ax.step(centres, high, where="mid", color=colour, lw=0.9)
     ax.step(centres, low, where="mid", color=colour, lw=0.6, alpha=0.7)
