@@ -76,7 +76,7 @@ class TrackGraphMagics(Magics):
         autograd_magic._last_trace = trace
         if args.out:
             shell.user_ns[args.out] = trace
-        _show(trace, panel, handle, args, error)
+        _show(trace, panel, handle, args, error, _widget_frontend(shell))
         if error is not None:
             raise error.with_traceback(_from_cell(error.__traceback__, (body, last)))
         return value
@@ -127,16 +127,32 @@ def _new_panel(trace: Trace, max_nodes: int, refresh_s: float | None = None) -> 
     return panel.live_panel(trace, refresh_s=refresh_s, max_nodes=max_nodes)
 
 
-def _show(trace: Trace, panel: Any, handle: Any, args: Any, error: BaseException | None) -> None:
-    """Display the finished trace; a rendering failure never hides the user's own error."""
+def _show(
+    trace: Trace,
+    panel: Any,
+    handle: Any,
+    args: Any,
+    error: BaseException | None,
+    widgets: bool = True,
+) -> None:
+    """Display the finished trace: in a Jupyter kernel the panel and, as its own output, its
+    static copy (what saved notebooks show anywhere); a rendering failure never hides the
+    user's own error."""
     try:
         if args.text:
             print(render_text(trace))
-        elif panel is not None:
-            panel.finish()
-            handle.update(panel)
+        elif not widgets:
+            display(_new_panel(trace, args.max_nodes))  # a terminal prints the text report
         else:
-            display(_new_panel(trace, args.max_nodes))
+            shown = panel is not None
+            panel = panel or _new_panel(trace, args.max_nodes)
+            panel.finish()
+            static = panel.static_copy()  # sets the panel's bundle to widget + one-line text
+            if shown:
+                handle.update(panel)
+            else:
+                display(panel)
+            display(static)
     except Exception as exc:
         if error is None:
             raise
