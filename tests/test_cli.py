@@ -205,3 +205,70 @@ def test_save_trace_round_trips_through_from_json(tmp_path):
     path = save_trace(trace, tmp_path / "a.json")
     again = autograd_magic.Trace.from_json(path.read_text())
     assert again.to_json() == trace.to_json()
+
+
+DDP = """\
+import sys
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+g = torch.Generator().manual_seed(100 + rank)
+losses = []
+for step in range(5):
+    x, y = torch.randn(16, 8, generator=g), torch.randn(16, 1, generator=g)
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    losses.append(loss)
+torch.save(model.module.state_dict(), f"{sys.argv[1]}/weights{rank}.pt")
+dist.destroy_process_group()
+"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    launcher = ["-m", "torch.distributed.run", "--nproc_per_node=2"]
+    return python(*launcher, f"--master_port={free_port()}", *args, cwd=cwd)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
+def test_torchrun_ddp_tracked_trains_the_same_and_writes_one_trace_per_rank(tmp_path):
+    (tmp_path / "ddp.py").write_text(DDP)
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "tracked").mkdir()
+    plain = torchrun("ddp.py", "plain", cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    run = ["-m", "autograd_magic", "run", "-o", "out/ddp{rank}.json", "ddp.py", "tracked"]
+    tracked_run = torchrun(*run, cwd=tmp_path)
+    assert tracked_run.returncode == 0, tracked_run.stderr[-3000:]
+    for rank in (0, 1):
+        a = torch.load(tmp_path / "plain" / f"weights{rank}.pt")
+        b = torch.load(tmp_path / "tracked" / f"weights{rank}.pt")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ranks0 = torch.load(tmp_path / "tracked" / "weights0.pt")
+    ranks1 = torch.load(tmp_path / "tracked" / "weights1.pt")
+    assert all(torch.equal(ranks0[k], ranks1[k]) for k in ranks0)  # DDP kept them in step
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["ddp0.json", "ddp1.json"]
+    for rank in (0, 1):
+        trace, info = load_trace_file(tmp_path / "out" / f"ddp{rank}.json")
+        assert info["rank"] == rank and info["world_size"] == 2
+        assert any("`losses` holds 5 tensors" in f.message for f in trace.findings)
+    done = tracked("report", "out/ddp0.json", "out/ddp1.json", "--html", "job.html", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    page = (tmp_path / "job.html").read_text()
+    assert "rank 0 (ddp0.json)" in page and "rank 1 (ddp1.json)" in page
+    assert "Findings per trace" in page
