@@ -18,6 +18,7 @@ import autograd_magic
 from autograd_magic import cli
 from autograd_magic.model.export import FORMAT_VERSION
 from autograd_magic.saving import load_trace_file, save_trace, trace_file_text
+from autograd_magic.views.report_html import report_document
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -272,3 +273,18 @@ def test_torchrun_ddp_tracked_trains_the_same_and_writes_one_trace_per_rank(tmp_
     page = (tmp_path / "job.html").read_text()
     assert "rank 0 (ddp0.json)" in page and "rank 1 (ddp1.json)" in page
     assert "Findings per trace" in page
+
+
+def test_a_long_loop_report_stays_small_and_keeps_failed_backward_calls(tmp_path):
+    with autograd_magic.track() as trace:
+        w = torch.ones(4, requires_grad=True)
+        for _ in range(60):
+            (w * 2).sum().backward()
+        loss = (w * 3).sum()
+        loss.backward()
+        with pytest.raises(RuntimeError):
+            loss.backward()
+    page = report_document([("loop", trace)])
+    assert page.count("backward() released") == 20
+    assert "41 more backward calls like these" in page
+    assert "backward() failed with RuntimeError" in page
