@@ -100,7 +100,9 @@ def run_script(args: Any) -> int:
     except SystemExit as stop:
         status = _exit_status(stop.code)
     except BaseException as error:  # reported like Python does, after the trace is saved
-        traceback.print_exception(type(error), error, _from_script(error.__traceback__, code))
+        # Through sys.excepthook, so a hook the script installed formats it as it would.
+        tb = _from_script(error.__traceback__, code)
+        sys.excepthook(type(error), error.with_traceback(tb), tb)
         status = 1
     finally:
         sys.argv, sys.path[0], sys.modules["__main__"] = saved

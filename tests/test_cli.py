@@ -288,3 +288,12 @@ def test_a_long_loop_report_stays_small_and_keeps_failed_backward_calls(tmp_path
     assert page.count("backward() released") == 20
     assert "41 more backward calls like these" in page
     assert "backward() failed with RuntimeError" in page
+
+
+def test_a_script_excepthook_formats_the_error_as_without_the_runner(tmp_path):
+    hook = "import sys\nsys.excepthook = lambda t, e, tb: print('HOOK', t.__name__, e)\n"
+    (tmp_path / "h.py").write_text(hook + "raise OSError('disk')\n")
+    plain = python("h.py", cwd=tmp_path)
+    run = tracked("run", "--quiet", "h.py", cwd=tmp_path)
+    assert run.returncode == plain.returncode == 1
+    assert run.stdout == plain.stdout == "HOOK OSError disk\n"
