@@ -35,24 +35,11 @@ def trace_bundle(named: Sequence[tuple[str, Trace]], shell: Any) -> dict[str, An
 
             return {"text/plain": render_text(named[0][1])}
         return {"text/plain": comparison_text(named)}
-    from autograd_magic.views.panel import TracePanel
+    from autograd_magic.views.panel import TracePanel, side_by_side_bundle
 
-    panels = [TracePanel(trace) for _, trace in named]
-    if len(panels) == 1:
-        return panels[0]._repr_mimebundle_()
-    import ipywidgets as widgets
-
-    from autograd_magic.views.report_html import comparison_html, side_by_side_html
-
-    columns = [
-        widgets.VBox([widgets.HTML(f"<h3>{name}</h3>"), panel.widget], layout={"flex": "1 1 0"})
-        for (name, _), panel in zip(named, panels, strict=True)
-    ]
-    whole = widgets.VBox([widgets.HTML(comparison_html(named)), widgets.HBox(columns)])
-    bundle = dict(whole._repr_mimebundle_() or {})
-    bundle["text/html"] = side_by_side_html(named)
-    bundle["text/plain"] = comparison_text(named)
-    return bundle
+    if len(named) == 1:
+        return TracePanel(named[0][1])._repr_mimebundle_()
+    return side_by_side_bundle(named)
 
 
 def show(traces: Sequence[Trace], names: Sequence[str] | None = None) -> None:

@@ -45,7 +45,7 @@ def peaks_table(named: Named) -> Table:
         "Findings",
         "Error",
     )
-    return Table("Traces side by side", headers, rows, "")
+    return Table("Traces side by side", headers, tuple(rows), "")
 
 
 def findings_table(named: Named) -> Table:
@@ -71,7 +71,7 @@ def findings_table(named: Named) -> Table:
         rows.append((kind, "" if line is None else str(line), *marks, short))
     headers = ("Finding", "Line", *(name for name, _ in named), "Message (first trace with it)")
     note = "" if rows else "No trace has findings."
-    return Table("Findings per trace", headers, rows, note)
+    return Table("Findings per trace", headers, tuple(rows), note)
 
 
 def comparison_text(named: Named) -> str:
