@@ -75,3 +75,14 @@ def test_show_outside_ipython_prints_text(capsys, monkeypatch):
     assert "`kept` holds 2 tensors" in capsys.readouterr().out
     with pytest.raises(TypeError, match="Trace objects, not int"):
         autograd_magic.show(3)
+
+
+def test_importing_in_a_running_ipython_registers_the_display(shell):
+    formatter = shell.display_formatter.mimebundle_formatter
+    formatter.pop(autograd_magic.Trace)
+    assert shell.display_formatter.format(leaky_trace(2))[0].keys() == {"text/plain"}
+    assert "holds" not in shell.display_formatter.format(leaky_trace(2))[0]["text/plain"]
+    autograd_magic._register_in_running_ipython()
+    assert (
+        "`kept` holds 2 tensors" in shell.display_formatter.format(leaky_trace(2))[0]["text/plain"]
+    )
