@@ -59,13 +59,11 @@ def findings_table(named: Named) -> Table:
             per_trace = seen.setdefault(key, {})
             per_trace[index] = per_trace.get(index, 0) + finding.nbytes
     rows = []
-    for key, message in keys.items():
-        kind, line = key
+    for (kind, line), message in keys.items():
+        hits = seen[(kind, line)]
         short = message if len(message) <= MESSAGE_CHARS else message[: MESSAGE_CHARS - 1] + "…"
         marks = [
-            ("yes" + (f" ({format_bytes(seen[key][i])})" if seen[key][i] else ""))
-            if i in seen[key]
-            else "-"
+            ("yes" + (f" ({format_bytes(hits[i])})" if hits[i] else "")) if i in hits else "-"
             for i in range(len(named))
         ]
         rows.append((kind, "" if line is None else str(line), *marks, short))
