@@ -104,6 +104,7 @@ class Recorder:
         namespace: dict[str, Any] | None = None,
         name_budget_s: float = 0.25,
         analyze: Callable[[Trace], list[Finding]] | None = None,
+        on_exit: Callable[[Trace], None] | None = None,
     ) -> None:
         global _next_trace_number
         _next_trace_number += 1
@@ -112,6 +113,7 @@ class Recorder:
         # Tags and packed buffers reach the writer weakly: they outlive the block in the graph.
         self._writer_ref = weakref.ref(self.writer)
         self._analyze = analyze
+        self._on_exit = on_exit  # called with the finished trace; must not raise
         self._key = f"autograd_magic:{_next_trace_number}"
         self._home_code = home_code
         self._namespace = namespace
@@ -192,6 +194,8 @@ class Recorder:
         finally:
             self._namespace = None
             self.writer.close()
+        if self._on_exit is not None:
+            self._on_exit(self.trace)
         return False
 
     def finish(self, namespace: dict[str, Any]) -> None:

@@ -96,6 +96,18 @@ def first_rows(table: Table, limit: int = STATIC_TABLE_ROWS) -> Table:
     return Table(table.title, table.headers, table.rows[:limit], f"{note} {table.note}".strip())
 
 
+def first_sentences(
+    items: list[Sentence], what: str, limit: int = STATIC_TABLE_ROWS
+) -> list[Sentence]:
+    """The first `limit` sentences and every error after them, then a note on how many more."""
+    if len(items) <= limit:
+        return items
+    kept = items[:limit] + [s for s in items[limit:] if s.kind == "error"]
+    more = len(items) - len(kept)
+    note = f"{more:,} more {what} like these; the text report lists every one."
+    return [*kept, Sentence(note, None, "note")]
+
+
 def table_html(table: Table, flag_column: int | None = None) -> str:
     """A bordered HTML table; rows with a non-empty `flag_column` are flagged."""
     if not table.rows:
@@ -156,7 +168,8 @@ def page(
     ]
     if timeline_png:
         parts.append(png_img_html(timeline_png, "memory timeline"))
-    parts.append(sentences_html(backward_sentences(trace), "Backward calls"))
+    calls = first_sentences(backward_sentences(trace), "backward calls")
+    parts.append(sentences_html(calls, "Backward calls"))
     if graph_png:
         parts += [
             div(html.escape(graph_note), MUTED_STYLE),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import html
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import ipywidgets as widgets
@@ -304,6 +305,25 @@ def live_timeline_note(trace: Trace) -> str:
         f"{over}; shading spans the lowest to highest value in each pixel column. The timeline "
         "with axes and line labels appears when the cell ends."
     )
+
+
+def side_by_side_bundle(named: Sequence[tuple[str, Trace]]) -> dict[str, Any]:
+    """Display bundle of several finished traces: comparison tables above their panels in a row,
+    with the static side-by-side report and the comparison text as fallbacks."""
+    from autograd_magic.views.report_html import comparison_html, comparison_text, side_by_side_html
+
+    columns = [
+        widgets.VBox(
+            [widgets.HTML(f"<h3>{html.escape(name)}</h3>"), TracePanel(trace).widget],
+            layout={"flex": "1 1 0", "min_width": "0"},
+        )
+        for name, trace in named
+    ]
+    whole = widgets.VBox([widgets.HTML(comparison_html(named)), widgets.HBox(columns)])
+    bundle = dict(whole._repr_mimebundle_() or {})
+    bundle["text/html"] = side_by_side_html(named)
+    bundle["text/plain"] = comparison_text(named)
+    return bundle
 
 
 def live_panel(
