@@ -190,6 +190,9 @@ def _carried_sites(trace: Trace, graph: RecordIndex) -> Counter[Site]:
     """Sites of values that an earlier backward walked and a later iteration consumed again."""
     carried: Counter[Site] = Counter()
     first_walk: dict[int, int] = {}
+    site_epochs: dict[Site, set[int]] = {}
+    for node in trace.nodes:
+        site_epochs.setdefault(node.born_site, set()).add(graph.epoch(node.born_seq))
     for node in trace.nodes:
         epoch = graph.epoch(node.born_seq)
         for child_id in node.next_ids:
@@ -202,7 +205,9 @@ def _carried_sites(trace: Trace, graph: RecordIndex) -> Counter[Site]:
                 # A value fed forward before any backward walked its graph (a GAN's `fake`) is
                 # one iteration's graph, not a carried one.
                 and _first_walk(graph, child.id, first_walk) < epoch
-                and _built_in_two_epochs(trace, graph, child.born_site)
+                # The line that made it ran again in this iteration (`h = rnn(x, h)`): not one
+                # forward feeding two backwards one after the other.
+                and epoch in site_epochs[child.born_site]
             ):
                 carried[child.born_site] += 1
     return carried
