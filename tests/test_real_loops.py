@@ -462,3 +462,20 @@ def test_correct_loops_run_at_top_level_have_no_findings():
             history.append(loss.item())
     assert trace.holders
     assert trace.findings == []
+
+
+def test_a_running_total_is_kept_alive_not_a_carried_state():
+    # `total += loss` links every iteration's graph too, but no backward walks the total.
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with am.track() as trace:
+        total = 0
+        for x, y in batches():
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            total += loss  # L:TOTAL
+    assert [(f.kind, f.holder, f.line) for f in trace.findings] == [
+        ("kept-alive", "total", line_of("TOTAL"))
+    ]

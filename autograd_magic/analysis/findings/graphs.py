@@ -195,6 +195,8 @@ def _carried_sites(trace: Trace, graph: RecordIndex) -> Counter[Site]:
         site_epochs.setdefault(node.born_site, set()).add(graph.epoch(node.born_seq))
     for node in trace.nodes:
         epoch = graph.epoch(node.born_seq)
+        if node.reached_by is None:  # an accumulator (`total += loss`) no backward walks
+            continue
         for child_id in node.next_ids:
             child = graph.node(child_id)
             if (
