@@ -16,6 +16,7 @@ from markers import marker_lines
 from torch.utils.checkpoint import checkpoint
 
 import autograd_magic as am
+from autograd_magic.views.text import buffer_table
 
 line_of = marker_lines(__file__)
 INPLACE = "modified by an inplace operation"
@@ -479,3 +480,32 @@ def test_a_running_total_is_kept_alive_not_a_carried_state():
     assert [(f.kind, f.holder, f.line) for f in trace.findings] == [
         ("kept-alive", "total", line_of("TOTAL"))
     ]
+
+
+# ----- names ----------------------------------------------------------------------------------
+def test_optimizer_state_is_named_as_the_user_reaches_it():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    with am.track() as trace:
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.randn(3, 4)).sum().backward()
+            opt.step()
+    labels = {b.label for b in trace.version_bumps}
+    assert "opt.state[model.0.weight]['exp_avg']" in labels
+    assert "opt.state[model.2.bias]['exp_avg_sq']" in labels
+    assert not any("\x00" in label for label in labels)
+
+
+def test_every_saved_tensor_row_has_a_name_or_an_op_label():
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+    with am.track() as trace:
+        hidden = torch.tanh(lin(x))
+        loss = hidden.pow(2).sum()
+    rows = {row[1] for row in buffer_table(trace).rows}
+    assert "" not in rows
+    assert "hidden" in rows  # tanh saves its output, which the user called `hidden`
+    assert loss.requires_grad
