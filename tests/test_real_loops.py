@@ -509,3 +509,32 @@ def test_every_saved_tensor_row_has_a_name_or_an_op_label():
     assert "" not in rows
     assert "hidden" in rows  # tanh saves its output, which the user called `hidden`
     assert loss.requires_grad
+
+
+# ----- a script run with exec inside the block ------------------------------------------------
+SCRIPT = """\
+import torch
+losses = []
+w = torch.randn(4, requires_grad=True)
+for _ in range(3):
+    loss = (w * torch.randn(4)).exp().sum()
+    loss.backward()
+    losses.append(loss)
+"""
+
+
+def test_findings_in_an_execd_script_point_at_the_scripts_lines(tmp_path):
+    # As `%run train.py` in a cell: the script runs in the cell's namespace, inside the block.
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT)
+    cell = (
+        "with am.track() as trace:\n"
+        f"    exec(compile(open({str(path)!r}).read(), {str(path)!r}, 'exec'), globals())\n"
+    )
+    namespace: dict = {"am": am}
+    exec(compile(cell, str(tmp_path / "cell.py"), "exec"), namespace)
+    (kept,) = namespace["trace"].findings
+    assert (kept.kind, kept.holder) == ("kept-alive", "losses")
+    # THEN the lines are the script's (the exec call is line 2 of the cell)
+    assert kept.line == 7 and kept.related_lines == (5,)
+    assert "(`losses.append(loss)`)" in kept.message
