@@ -119,6 +119,6 @@ def because(graph: RecordIndex) -> str:
         return ""
     holder, line = graph.carried
     return (
-        f"Because `{holder}` carries the previous iteration's graph (line {line}, see the "
-        f"graph-growth finding), "
+        f"Because `{holder}` carries the previous iteration's graph (line {line}, the first "
+        f"finding), "
     )
