@@ -45,7 +45,10 @@ def _children(obj: Any, path: str) -> Iterator[tuple[Any, str]]:
             if isinstance(key, (str, int)):
                 yield item, f"{path}[{key!r}]"
         return
-    elif isinstance(obj, (torch.Tensor, torch.optim.Optimizer)) or type(obj).__module__ == "numpy":
+    elif isinstance(obj, torch.optim.Optimizer):
+        yield from _optimizer_state(obj, path)
+        return
+    elif isinstance(obj, torch.Tensor) or type(obj).__module__ == "numpy":
         return
     else:
         found = getattr(obj, "__dict__", None)
@@ -55,6 +58,35 @@ def _children(obj: Any, path: str) -> Iterator[tuple[Any, str]]:
     for name, value in attrs.items():
         if not name.startswith("_"):
             yield value, f"{path}.{name}"
+
+
+def param_mark(param: Any) -> str:
+    """A stand-in for a parameter's name inside a path, replaced once the walk has named it."""
+    return f"\x00{id(param)}\x00"
+
+
+def _optimizer_state(opt: torch.optim.Optimizer, path: str) -> Iterator[tuple[Any, str]]:
+    """`opt.state[<param>]["exp_avg"]`: the state tensors, as the user would reach them. Only the
+    optimizer's own dicts are read (plain data, no user code runs)."""
+    state = opt.__dict__.get("state")
+    if not isinstance(state, dict):
+        return
+    for i, (param, entry) in enumerate(state.items()):
+        if i >= MAX_CONTAINER_ITEMS or not isinstance(entry, dict):
+            return
+        for key, value in entry.items():
+            if isinstance(key, str) and isinstance(value, torch.Tensor):
+                yield value, f"{path}.state[{param_mark(param)}][{key!r}]"
+
+
+def resolve_param_marks(path: str, param_names: Mapping[int, str]) -> str:
+    """Put each parameter's name (`model.0.weight`, else `param`) where `param_mark` stood."""
+    if "\x00" not in path:
+        return path
+    parts = path.split("\x00")
+    for i in range(1, len(parts), 2):
+        parts[i] = param_names.get(int(parts[i]), "param")
+    return "".join(parts)
 
 
 def walk_namespace(

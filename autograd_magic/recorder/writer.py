@@ -277,6 +277,13 @@ class TraceWriter:
             members = version_groups.get(bump.object_id, ())
             bump.affected = tuple(sorted(trace.label(m) for m in members if m != bump.object_id))
 
+    def name_buffers(self, names: dict[int, str]) -> None:
+        """The user's names of saved tensors still held at the end (buffer id -> path)."""
+        for buffer_id, name in names.items():
+            buffer = self.trace.buffer(buffer_id)
+            if buffer is not None and not buffer.label:
+                buffer.label = name
+
     def end_holders(self, holders: list[Holder]) -> None:
         """User-visible paths that keep a live graph root alive at the end of the block."""
         self.trace.holders.extend(holders)

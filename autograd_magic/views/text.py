@@ -177,6 +177,15 @@ def _node_name(trace: Trace, node_id: int | None) -> str:
     return "?" if node is None else f"{node.name}#{node.id}"
 
 
+def _saved_by(trace: Trace, node_id: int | None) -> str:
+    """A readable label for a saved tensor no user variable names: `saved by addmm`."""
+    node = None if node_id is None else trace.node(node_id)
+    if node is None:
+        return "saved tensor"
+    op = node.name.removesuffix("Backward0").removesuffix("Backward1").removesuffix("Backward")
+    return f"saved by {op.lower() or node.name}"
+
+
 def _buffer_kind(buffer: object) -> str:
     if getattr(buffer, "is_parameter", False):
         return "parameter"
@@ -214,7 +223,7 @@ def _buffer_row(trace: Trace, b: SavedBuffer, with_node: bool) -> tuple[str, ...
     node = _node_name(trace, b.node_id) if with_node else ""
     return (
         node,
-        b.label or "",
+        b.label or _saved_by(trace, b.node_id),
         "x".join(str(d) for d in b.shape) or "scalar",
         b.dtype,
         b.device,
