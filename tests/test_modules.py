@@ -155,3 +155,26 @@ def test_a_transformer_encoder_names_its_layers():
     assert stats["encoder"].saved_bytes == sum(
         stats[f"encoder.layers.{i}"].saved_bytes for i in range(2)
     )
+
+
+def test_the_text_report_and_panel_show_memory_by_module():
+    """GIVEN a transformer step WHEN rendered THEN the summary names the repeated structure that
+    saved most, the text report has the module tree, and the panel's Modules tab the same."""
+    from autograd_magic.views.panel import TracePanel
+    from autograd_magic.views.text import render_text
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0)
+    encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    with am.track() as trace:
+        encoder(torch.randn(2, 5, 32)).sum().backward()
+    text = render_text(trace)
+    assert "Most saved memory: encoder.layers.*.self_attn" in text
+    tree = text[text.index("Memory by module:") :].splitlines()
+    assert tree[2].split()[:2] == ["encoder", "TransformerEncoder"]
+    assert "100%" in tree[2]
+    assert any(line.split()[:2] == ["self_attn", "MultiheadAttention"] for line in tree)
+    panel = TracePanel(trace)
+    assert "encoder.layers.*.self_attn" in panel.summary.value
+    assert "MultiheadAttention" in panel.modules.value
+    assert panel.tabs.titles[1].startswith("Modules (")

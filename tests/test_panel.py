@@ -37,6 +37,7 @@ def test_tables_and_tab_titles_after_finish():
     assert "--jp-warn-color1" in panel.versions.value  # bypassing write flagged
     assert panel.tabs.titles == (
         "Timeline (1)",
+        "Modules (0)",
         "Graph (4)",
         "Buffers (3)",
         "Storage (1)",

@@ -12,6 +12,7 @@ import io
 
 from autograd_magic.analysis.layout import DEFAULT_MAX_NODES, graph_view
 from autograd_magic.model.trace import Trace
+from autograd_magic.views.modules import module_table
 from autograd_magic.views.text import (
     MAX_TABLE_ROWS,
     Sentence,
@@ -183,6 +184,7 @@ def page(
 def final_tables(trace: Trace) -> list[tuple[Table, int | None]]:
     """The tables of a finished trace, each with the column whose non-empty cells are flagged."""
     return [
+        (module_table(trace), None),
         (buffer_totals(trace), None),
         (buffer_table(trace), None),
         (storage_table(trace), None),

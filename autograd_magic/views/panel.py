@@ -42,7 +42,7 @@ TIMELINE_COST_GUESS_S = 0.01  # the live sparkline takes milliseconds (the figur
 NUMBERS_SHARE = 0.25  # of the live budget, for refreshes of the numbers alone
 PANEL_CLASS = "autograd-magic-panel"
 STATIC_CLASS = "autograd-magic-static"
-_TAB_NAMES = ("Timeline", "Graph", "Buffers", "Storage", "Versions")
+_TAB_NAMES = ("Timeline", "Modules", "Graph", "Buffers", "Storage", "Versions")
 
 
 class TracePanel:
@@ -83,9 +83,11 @@ class TracePanel:
         )
         self.node_details = html_widget()
         self.buffers, self.storage, self.versions = html_widget(), html_widget(), html_widget()
+        self.modules = html_widget()
         self.tabs = widgets.Tab(
             children=[
                 widgets.VBox([self.timeline_note, self.timeline_image, self.calls]),
+                self.modules,
                 widgets.VBox(
                     [self.graph_note, self.graph_image, self.node_select, self.node_details]
                 ),
@@ -161,6 +163,7 @@ class TracePanel:
         self._graph_note = note
         counts = (
             len(trace.backward_calls),
+            len(trace.modules()),
             view.total_nodes,
             len(trace.buffers),
             len(trace.storage_groups()),
@@ -170,9 +173,10 @@ class TracePanel:
             (self.graph_image, "value", self._graph_png),
             (self.graph_note, "value", div(html.escape(note), MUTED_STYLE)),
             (self.node_select, "options", options),
-            (self.buffers, "value", "".join(table_html(t) for t, _ in self._tables[:2])),
-            (self.storage, "value", table_html(self._tables[2][0])),
-            (self.versions, "value", table_html(*self._tables[3])),
+            (self.modules, "value", table_html(self._tables[0][0])),
+            (self.buffers, "value", "".join(table_html(t) for t, _ in self._tables[1:3])),
+            (self.storage, "value", table_html(self._tables[3][0])),
+            (self.versions, "value", table_html(*self._tables[4])),
             (
                 self.tabs,
                 "titles",

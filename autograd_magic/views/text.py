@@ -7,33 +7,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from autograd_magic.model.records import BackwardCall, SavedBuffer, VersionBump
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import format_bytes, where
-
-MAX_TABLE_ROWS = 500  # the widget's tables
-TEXT_TABLE_ROWS = 30  # the text report stays a screen or two
-
-
-@dataclass(frozen=True)
-class Sentence:
-    """One plain sentence for the reader; `kind` is error, finding, blindspot or note."""
-
-    text: str
-    line: int | None
-    kind: str = "finding"
-
-
-@dataclass(frozen=True)
-class Table:
-    """Rows of strings under `headers`; `note` says what was left out, never cut silently."""
-
-    title: str
-    headers: tuple[str, ...]
-    rows: tuple[tuple[str, ...], ...]
-    note: str = ""
+from autograd_magic.views.modules import module_table, top_modules_text
+from autograd_magic.views.tables import (
+    MAX_TABLE_ROWS,
+    TEXT_TABLE_ROWS,
+    Sentence,
+    Table,
+    capped,
+    cut_note,
+    table_text,
+)
 
 
 def summary_items(trace: Trace) -> list[tuple[str, str]]:
@@ -50,6 +37,7 @@ def summary_items(trace: Trace) -> list[tuple[str, str]]:
         ("Backward calls", f"{len(trace.backward_calls):,}"),
         ("Shared-storage groups", f"{len(trace.storage_groups())}"),
         ("Version bumps (in-place writes)", f"{len(trace.version_bumps):,}"),
+        *([("Most saved memory", top)] if (top := top_modules_text(trace)) else []),
     ]
 
 
@@ -262,7 +250,7 @@ def storage_table(trace: Trace) -> Table:
         for copy, source in group.copies.items():
             rows.append((f"group {number}", copy, f"copy of {source}", "own memory (copy)"))
     headers = ("group", "tensor / array", "how it joined", "memory")
-    return Table("Storage groups", headers, tuple(rows[:MAX_TABLE_ROWS]), _cut_note(len(rows)))
+    return Table("Storage groups", headers, tuple(rows[:MAX_TABLE_ROWS]), cut_note(len(rows)))
 
 
 def versions_table(trace: Trace) -> Table:
@@ -293,41 +281,12 @@ def versions_table(trace: Trace) -> Table:
         "saved tensors hit",
         "warning",
     )
-    return Table("Version bumps", headers, tuple(rows[:MAX_TABLE_ROWS]), _cut_note(len(rows)))
+    return Table("Version bumps", headers, tuple(rows[:MAX_TABLE_ROWS]), cut_note(len(rows)))
 
 
 def _natural(label: str) -> tuple:
     """Sort key reading the numbers in a label as numbers: tensor#9 before tensor#10."""
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", label))
-
-
-def _cut_note(count: int, limit: int = MAX_TABLE_ROWS) -> str:
-    return f"Showing the first {limit:,} of {count:,} rows." if count > limit else ""
-
-
-def capped(table: Table, limit: int) -> Table:
-    """`table` cut to `limit` rows, its note saying how many rows there were."""
-    if len(table.rows) <= limit:
-        return table
-    note = f"Showing {limit} of {len(table.rows):,} rows. {table.note}".strip()
-    return Table(table.title, table.headers, table.rows[:limit], note)
-
-
-def table_text(table: Table) -> str:
-    """A column-aligned plain-text table with its title and note."""
-    if not table.rows:
-        return f"{table.title}: none"
-    widths = [len(h) for h in table.headers]
-    for row in table.rows:
-        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
-    lines = [f"{table.title}:"]
-    for row in (table.headers, *table.rows):
-        lines.append(
-            "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-        )
-    if table.note:
-        lines.append(f"  ({table.note})")
-    return "\n".join(lines)
 
 
 def render_text(trace: Trace) -> str:
@@ -343,6 +302,7 @@ def render_text(trace: Trace) -> str:
     if calls:
         parts.append("Backward calls:\n" + "\n".join(f"  - {s.text}" for s in calls))
     for table in (
+        module_table(trace),
         buffer_totals(trace),
         buffer_table(trace),
         storage_table(trace),
