@@ -391,9 +391,14 @@ def test_total_loss_list_and_attribute_each_keep_graphs_and_item_is_clean(run_no
     assert "3 tensors" in listed["message"]
     for name in ("running_total", "loss_list"):
         assert run.kinds(name) == ["kept-alive"], name
-    # AND a module attribute holding only the last, already backpropagated loss is normal
-    # (issue 11: no false alarm); an attribute is named when its graph was never backpropagated.
-    assert run.kinds("self_loss") == []
+    # AND a module attribute holding a validation loss that never reached a backward is named,
+    # with the forward line that stored it (holding the last, backpropagated loss is normal).
+    attribute = run.only("self_loss", "kept-alive")
+    assert attribute["holder"] == "criterion.loss"
+    assert attribute["line"] == run.line("self_loss", "criterion(model(data[64:])")
+    assert "self.loss = F.mse_loss(out, target)" in attribute["message"]
+    unused = run.only("self_loss", "unused-graph")
+    assert "`criterion.loss` still holds the last" in unused["message"]
     # AND keeping numbers is clean
     assert run.kinds("fixed") == []
     assert_committed_outputs_match(run)

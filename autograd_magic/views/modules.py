@@ -39,7 +39,8 @@ def top_modules(trace: Trace, count: int = 3) -> list[tuple[str, float]]:
             key = pattern_of(m.path)
             by_pattern[key] = by_pattern.get(key, 0) + m.self_saved_bytes
     ranked = sorted(by_pattern.items(), key=lambda kv: (-kv[1], kv[0]))[:count]
-    return [(path, nbytes / total) for path, nbytes in ranked]
+    # Shares that round to 0% say nothing.
+    return [(path, n / total) for path, n in ranked if n / total >= 0.005]
 
 
 def top_modules_text(trace: Trace) -> str:
