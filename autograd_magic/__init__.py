@@ -6,6 +6,7 @@ the same recorder as a context manager.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from autograd_magic.analysis.findings import analyze
@@ -19,9 +20,10 @@ from autograd_magic.model.records import (
     Site,
     Snapshot,
     StorageGroup,
+    TimelineSample,
     VersionBump,
 )
-from autograd_magic.model.trace import TimelineSample, Trace
+from autograd_magic.model.trace import Trace
 from autograd_magic.recorder.core import Recorder
 
 __version__ = "0.1.0"
@@ -29,15 +31,29 @@ __version__ = "0.1.0"
 _last_trace: Trace | None = None
 
 
-def track(**options: Any) -> Recorder:
+def track(save: str | os.PathLike[str] | None = None, **options: Any) -> Recorder:
     """Record autograd nodes, saved buffers, shared storage and version bumps in a block.
 
     `with autograd_magic.track() as trace:` yields a `Trace`, usable during and after the block;
-    its findings are computed when the block ends. Options: `trace` (a `Trace` to fill),
-    `home_code`, `namespace` (where to look up variable names), `name_budget_s`.
+    its findings are computed when the block ends. `save="trace.json"` writes the trace when the
+    block ends, also after an exception (`{rank}` and `{pid}` are filled in; a failed write is a
+    warning). Other options: `trace` (a `Trace` to fill), `home_code`, `namespace` (where to look
+    up variable names), `name_budget_s`.
     """
     options.setdefault("analyze", analyze)
+    if save is not None:
+        from autograd_magic.saving import save_trace
+
+        options["on_exit"] = lambda trace: save_trace(trace, save)
     return Recorder(**options)
+
+
+def show(*traces: Trace, names: list[str] | None = None) -> None:
+    """Display finished traces: one as its panel, several side by side (peaks, findings per
+    trace). Outside IPython, prints the text report."""
+    from autograd_magic.display import show as show_traces
+
+    show_traces(traces, names)
 
 
 def last_trace() -> Trace | None:
@@ -47,9 +63,11 @@ def last_trace() -> Trace | None:
 
 def load_ipython_extension(ipython: Any) -> None:
     """Register `%%trackgraph` (called by `%load_ext autograd_magic`)."""
+    from autograd_magic.display import register_formatters
     from autograd_magic.magic import load
 
     load(ipython)
+    register_formatters(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
@@ -58,6 +76,26 @@ def unload_ipython_extension(ipython: Any) -> None:
 
     unload(ipython)
 
+
+def _register_in_running_ipython() -> None:
+    """Traces display themselves in an IPython session that imports this package."""
+    import sys
+
+    if "IPython" not in sys.modules:
+        return
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is not None:
+            from autograd_magic.display import register_formatters
+
+            register_formatters(shell)
+    except Exception:  # display is a convenience: never fail the import for it
+        pass
+
+
+_register_in_running_ipython()
 
 __all__ = [
     "AliasLink",
@@ -74,5 +112,6 @@ __all__ = [
     "Trace",
     "VersionBump",
     "last_trace",
+    "show",
     "track",
 ]

@@ -58,9 +58,10 @@ class TrackGraphMagics(Magics):
         is the first line after `%%trackgraph`. The last trace is `autograd_magic.last_trace()`.
         """
         __tracebackhide__ = True  # the user's traceback starts in their cell
+        shell: Any = self.shell  # set once the magics are registered on a shell
         args = _parse(self.trackgraph, line)
         try:
-            body, last = _compile_cell(self.shell, cell)
+            body, last = _compile_cell(shell, cell)
         except SyntaxError as exc:
             # As for a plain cell: the error points into the cell, not at the magic's frames.
             raise exc.with_traceback(None) from None
@@ -69,26 +70,26 @@ class TrackGraphMagics(Magics):
             raise UsageError(_AWAIT_MESSAGE)
         trace = Trace()
         panel, handle = None, None
-        if not (args.no_live or args.text) and _widget_frontend(self.shell):
+        if not (args.no_live or args.text) and _widget_frontend(shell):
             panel = _new_panel(trace, args.max_nodes, args.refresh)
             handle = display(panel, display_id=True)
         value, error = None, None
         try:
-            with autograd_magic.track(trace=trace, home_code=body, namespace=self.shell.user_ns):
+            with autograd_magic.track(trace=trace, home_code=body, namespace=shell.user_ns):
                 if is_async:
-                    value = self.shell.loop_runner(_run_async(body, last, self.shell.user_ns))
+                    value = shell.loop_runner(_run_async(body, last, shell.user_ns))
                 else:
-                    exec(body, self.shell.user_ns)
+                    exec(body, shell.user_ns)
                     if last is not None:
-                        value = eval(last, self.shell.user_ns)
+                        value = eval(last, shell.user_ns)
         except BaseException as exc:  # shown in the panel, then re-raised unchanged below
             error = exc
         finally:
             trace.listen(None)
         autograd_magic._last_trace = trace
         if args.out:
-            self.shell.user_ns[args.out] = trace
-        _show(trace, panel, handle, args, error)
+            shell.user_ns[args.out] = trace
+        _show(trace, panel, handle, args, error, _widget_frontend(shell))
         if error is not None:
             raise error.with_traceback(_from_cell(error.__traceback__, (body, last)))
         return value
@@ -172,16 +173,32 @@ def _new_panel(trace: Trace, max_nodes: int, refresh_s: float | None = None) -> 
     return panel.live_panel(trace, refresh_s=refresh_s, max_nodes=max_nodes)
 
 
-def _show(trace: Trace, panel: Any, handle: Any, args: Any, error: BaseException | None) -> None:
-    """Display the finished trace; a rendering failure never hides the user's own error."""
+def _show(
+    trace: Trace,
+    panel: Any,
+    handle: Any,
+    args: Any,
+    error: BaseException | None,
+    widgets: bool = True,
+) -> None:
+    """Display the finished trace: in a Jupyter kernel the panel and, as its own output, its
+    static copy (what saved notebooks show anywhere); a rendering failure never hides the
+    user's own error."""
     try:
         if args.text:
             print(render_text(trace))
-        elif panel is not None:
-            panel.finish()
-            handle.update(panel)
+        elif not widgets:
+            display(_new_panel(trace, args.max_nodes))  # a terminal prints the text report
         else:
-            display(_new_panel(trace, args.max_nodes))
+            shown = panel is not None
+            panel = panel or _new_panel(trace, args.max_nodes)
+            panel.finish()
+            static = panel.static_copy()  # sets the panel's bundle to widget + one-line text
+            if shown:
+                handle.update(panel)
+            else:
+                display(panel)
+            display(static)
     except Exception as exc:
         if error is None:
             raise

@@ -158,4 +158,45 @@ def gpu_name() -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
 
 
-CPU_WORKLOADS: tuple[Callable[[bool], Workload], ...] = (tiny_loop, mlp, cnn, lstm)
+def transformer(quick: bool = False) -> Workload:
+    """Transformer training step from torch's own modules: nn.TransformerEncoder, 4 layers,
+    d_model 128, batch 8 x 64 tokens, Adam (module attribution on: every op is in a module)."""
+    layers, width, batch, tokens = (1, 16, 2, 4) if quick else (4, 128, 8, 64)
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(width, 4, 4 * width, batch_first=True, dropout=0.1)
+    model = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    inputs = torch.randn(batch, tokens, width)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        model(inputs).pow(2).mean().backward()
+        optimizer.step()
+
+    details = (
+        f"nn.TransformerEncoder, {layers} layers, d_model {width}, batch {batch} x {tokens} "
+        "tokens, dropout 0.1, Adam step"
+    )
+    return Workload("9", "transformer training step", details, step)
+
+
+def long_loop(quick: bool = False) -> Workload:
+    """A small model's training step, timed as 1,000 steps in one block (a cell holding a long
+    loop): per-event cost must not grow with the block."""
+    width = 8 if quick else 64
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1))
+    inputs, target = torch.randn(16, width), torch.randn(16, 1)
+    step = _training_step(model, inputs, lambda out: F.mse_loss(out, target))
+    details = f"batch 16, Linear({width}) + ReLU + Linear, MSE, SGD; 1,000 steps per sample"
+    return Workload("10", "1,000-step loop (small MLP)", details, step)
+
+
+CPU_WORKLOADS: tuple[Callable[[bool], Workload], ...] = (
+    tiny_loop,
+    mlp,
+    cnn,
+    lstm,
+    transformer,
+    long_loop,
+)

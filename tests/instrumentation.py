@@ -6,11 +6,13 @@ from __future__ import annotations
 import warnings
 
 import torch
+from torch.nn.modules import module as nn_module
 from torch.overrides import _get_current_function_mode_stack
 
 
 def installed() -> tuple:
-    """Function modes, the innermost saved-tensor hooks, and the patched entry points."""
+    """Function modes, the innermost saved-tensor hooks, global module hooks, and the patched
+    entry points."""
     return (
         len(_get_current_function_mode_stack()),
         torch._C._autograd._top_saved_tensors_default_hooks(False),
@@ -19,4 +21,7 @@ def installed() -> tuple:
         torch._C._autograd._saved_tensors_hooks_disable,
         torch._C._autograd._saved_tensors_hooks_enable,
         warnings.warn,
+        tuple(nn_module._global_forward_pre_hooks),
+        tuple(nn_module._global_forward_hooks),
+        nn_module._has_any_global_hook,
     )

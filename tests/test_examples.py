@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -203,12 +204,13 @@ def test_committed_notebook_is_executed_small_and_carries_the_static_fallback(na
     # AND every code cell was executed, in order, by one kernel
     counts = [c.execution_count for c in code]
     assert counts == list(range(1, len(code) + 1)), counts
-    # AND each panel output carries the widget view and the static HTML and text fallbacks
+    # AND each panel cell carries the widget view, and last the static HTML and text report
     for trace, cell in magic_cells(nb).items():
         shown = [o for o in cell.outputs if o.output_type == "display_data"]
         assert shown, f"{trace}: no panel output"
+        assert any(WIDGET_VIEW in o["data"] for o in shown), trace
         data = shown[-1]["data"]
-        assert {WIDGET_VIEW, "text/html", "text/plain"} <= set(data), (trace, set(data))
+        assert {"text/html", "text/plain"} <= set(data), (trace, set(data))
         assert data["text/plain"].startswith("autograd_magic trace")
         # AND a cell has an error output exactly when it is tagged raises-exception
         errors = [o for o in cell.outputs if o.output_type == "error"]
@@ -383,11 +385,20 @@ def test_total_loss_list_and_attribute_each_keep_graphs_and_item_is_clean(run_no
     assert "3 iterations" in total["message"]
     listed = run.only("loss_list", "kept-alive")
     assert listed["holder"] == "losses"
-    assert listed["line"] == run.line("loss_list", "loss = F.mse_loss(")
+    # (reported where the reference is taken, with the line that computed it beside it)
+    assert listed["line"] == run.line("loss_list", "losses.append(loss)")
+    assert run.line("loss_list", "loss = F.mse_loss(") in listed["related"]
     assert "3 tensors" in listed["message"]
-    assert run.only("self_loss", "kept-alive")["holder"] == "criterion.loss"
-    for name in ("running_total", "loss_list", "self_loss"):
+    for name in ("running_total", "loss_list"):
         assert run.kinds(name) == ["kept-alive"], name
+    # AND a module attribute holding a validation loss that never reached a backward is named,
+    # with the forward line that stored it (holding the last, backpropagated loss is normal).
+    attribute = run.only("self_loss", "kept-alive")
+    assert attribute["holder"] == "criterion.loss"
+    assert attribute["line"] == run.line("self_loss", "criterion(model(data[64:])")
+    assert "self.loss = F.mse_loss(out, target)" in attribute["message"]
+    unused = run.only("self_loss", "unused-graph")
+    assert "`criterion.loss` still holds the last" in unused["message"]
     # AND keeping numbers is clean
     assert run.kinds("fixed") == []
     assert_committed_outputs_match(run)
@@ -403,6 +414,29 @@ def assert_committed_outputs_match(run: Run) -> None:
                 f"{run.name}.ipynb is stale ({trace}): re-run `python tests/test_examples.py "
                 f"{run.name}`"
             )
+
+
+# ----- saved notebooks anywhere ---------------------------------------------------------------
+def test_nbconvert_default_html_shows_findings_numbers_and_pictures(kernel_path, tmp_path):
+    """`jupyter nbconvert --to html --execute` with default options stores widget state, so it
+    renders each widget view as a placeholder needing a CDN: the static copy must be there too."""
+    # GIVEN the quickstart WHEN converted with nbconvert's defaults (only the kernel is chosen)
+    source = tmp_path / "quickstart.ipynb"
+    source.write_text((EXAMPLES / "quickstart.ipynb").read_text(encoding="utf-8"), "utf-8")
+    env = dict(os.environ, JUPYTER_PATH=kernel_path, PYTHONPATH=str(ROOT))
+    env["IPYTHONDIR"] = str(tmp_path / "ipython")
+    command = [sys.executable, "-m", "nbconvert", "--to", "html", "--execute"]
+    command += [f"--ExecutePreprocessor.kernel_name={KERNEL}", str(source)]
+    subprocess.run(command, env=env, check=True, capture_output=True, timeout=120)
+    page = (tmp_path / "quickstart.html").read_text(encoding="utf-8")
+    # THEN widget state was stored (the case that used to show only placeholders) ...
+    assert "application/vnd.jupyter.widget-state+json" in page
+    # ... and the page still has each panel's findings, numbers and pictures, offline
+    cells = len(magic_cells(read("quickstart")))
+    assert page.count("autograd-magic-static") >= cells
+    assert "total_loss" in page and "Findings" in page
+    assert "Live autograd nodes" in page
+    assert page.count("data:image/png;base64,") >= 2 * cells
 
 
 # ----- regenerating the committed notebooks ----------------------------------------------------

@@ -95,14 +95,18 @@ def test_list_of_losses_is_reported_by_container_name(model):
         for _ in range(3):
             loss = F.mse_loss(model(data), target)  # L:LOSS
             loss.backward()
-            losses.append(loss)
+            losses.append(loss)  # L:APPEND
     finding = only(trace, "kept-alive")
     assert finding.holder == "losses"
-    assert finding.line == line_of("LOSS")
+    # The line that took the reference, with the line that computed it beside it.
+    assert finding.line == line_of("APPEND")
+    assert line_of("LOSS") in finding.related_lines
+    assert f"line {line_of('APPEND')} (`losses.append(loss)" in finding.message
+    assert f"line {line_of('LOSS')} (`loss = F.mse_loss" in finding.message
     assert "3 tensors" in finding.message
 
 
-def test_module_attribute_self_loss_is_reported(model):
+def test_module_attribute_self_loss_is_named_when_never_backpropagated(model):
     class Criterion(nn.Module):
         def forward(self, out, target):
             self.loss = F.mse_loss(out, target)
@@ -112,10 +116,26 @@ def test_module_attribute_self_loss_is_reported(model):
     data, target = torch.randn(16, 8), torch.randn(16, 1)
     with am.track() as trace:
         for _ in range(2):
-            crit(model(data), target).backward()  # L:CRIT
-    finding = only(trace, "kept-alive")
+            crit(model(data), target).item()  # L:CRIT
+    finding = only(trace, "unused-graph")
     assert finding.holder == "crit.loss"
     assert finding.line == line_of("CRIT")
+    assert "`crit.loss` still holds the last." in finding.message
+
+
+def test_module_attribute_holding_the_last_backpropagated_loss_is_normal(model):
+    # The last iteration's own loss, its graph already released by its backward: nothing to say.
+    class Criterion(nn.Module):
+        def forward(self, out, target):
+            self.loss = F.mse_loss(out, target)
+            return self.loss
+
+    crit = Criterion()
+    data, target = torch.randn(16, 8), torch.randn(16, 1)
+    with am.track() as trace:
+        for _ in range(2):
+            crit(model(data), target).backward()
+    assert trace.holders and trace.findings == []
 
 
 # ----- graph-growth, retained-graph, backward-through-freed ------------------------------

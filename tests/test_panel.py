@@ -23,7 +23,7 @@ def test_summary_and_findings_read_like_the_report():
     assert "Line 4: `loss` keeps the graph built at line 4 alive." in findings
     assert findings.index("Line 7 raised") < findings.index("Line 4:")
     assert "--jp-error-color1" in findings  # the error line is highlighted
-    assert "Line 5: backward(retain_graph=True) released 1 saved tensors" in panel.calls.value
+    assert "Line 5: backward(retain_graph=True) released 1 saved tensor" in panel.calls.value
 
 
 def test_tables_and_tab_titles_after_finish():
@@ -37,6 +37,7 @@ def test_tables_and_tab_titles_after_finish():
     assert "--jp-warn-color1" in panel.versions.value  # bypassing write flagged
     assert panel.tabs.titles == (
         "Timeline (1)",
+        "Modules (0)",
         "Graph (4)",
         "Buffers (3)",
         "Storage (1)",
@@ -134,9 +135,9 @@ def test_panel_keeps_no_user_tensor_alive():
 
 def test_saved_output_lists_twenty_rows_and_says_how_many_the_panel_has():
     # GIVEN a trace with 30 saved tensors (30 separate exp graphs kept alive)
-    x = torch.ones(4, requires_grad=True)
+    x = torch.ones(30, requires_grad=True)
     with autograd_magic.track() as trace:
-        kept = [x.exp() for _ in range(30)]
+        kept = [x[: n + 1].exp() for n in range(30)]  # sizes differ: 30 rows, not one group
     panel = TracePanel(trace)
     # WHEN the panel is saved as static HTML
     saved = panel._repr_mimebundle_()["text/html"]

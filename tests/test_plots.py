@@ -107,7 +107,7 @@ def test_timeline_marks_backward_drops_and_error_with_lines():
     assert "backward L5" in labels
     assert "freed L8" in labels
     assert "error L7" in labels
-    assert fig.axes[1].get_ylabel() == "retained saved tensors"
+    assert fig.axes[1].get_ylabel() == "retained saved\ntensors"
 
 
 def test_empty_trace_figures_say_so():

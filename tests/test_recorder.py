@@ -294,6 +294,21 @@ def test_caps_bound_the_records_while_counters_stay_exact(gc_disabled):
     assert len(trace.timeline) <= 200
 
 
+def test_many_backward_calls_stay_within_the_caps_at_constant_cost(gc_disabled):
+    """GIVEN 3,000 backward calls in one block with small caps WHEN it runs THEN the calls and the
+    timeline stop at their caps (backward markers thinned too, so thinning stays rare) and the
+    drops are counted."""
+    x = torch.randn(4, requires_grad=True)
+    trace = am.Trace(max_records=500, max_timeline=200)
+    with am.track(trace=trace):
+        for _ in range(3_000):
+            (x * 2).sum().backward()
+    assert len(trace.backward_calls) == 500
+    assert trace.dropped_events == 2_500
+    assert len(trace.timeline) <= 200
+    assert trace.timeline[-1].what == "backward"  # the newest state is always there
+
+
 def test_records_hold_no_tensor(gc_disabled):
     """GIVEN a finished trace THEN a tensor it recorded dies as soon as the user drops it."""
     x = torch.randn(3, requires_grad=True)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
-from traces import handmade_trace
+from traces import handmade_trace, site
 
 import autograd_magic
+from autograd_magic.model.records import BackwardCall, VersionBump
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import format_bytes
 from autograd_magic.views.text import (
     MAX_TABLE_ROWS,
+    TEXT_TABLE_ROWS,
     backward_sentences,
     buffer_table,
     buffer_totals,
@@ -59,7 +63,7 @@ def test_sentences_report_record_caps_instead_of_cutting_silently():
 def test_backward_sentences_name_flags_and_what_was_released():
     (call,) = backward_sentences(handmade_trace())
     assert call.text == (
-        "Line 5: backward(retain_graph=True) released 1 saved tensors, freeing 24 B of retained "
+        "Line 5: backward(retain_graph=True) released 1 saved tensor, freeing 24 B of retained "
         "memory; the graph was kept for another backward."
     )
 
@@ -92,12 +96,69 @@ def test_buffer_table_lists_held_first_with_lines_and_totals_by_state():
 def test_buffer_table_says_when_rows_were_left_out():
     trace = handmade_trace()
     extra = trace.buffers[2]
-    trace.buffers = [extra] * (MAX_TABLE_ROWS + 3)
+    trace.buffers = [dataclasses.replace(extra, nbytes=n + 1) for n in range(MAX_TABLE_ROWS + 3)]
     table = buffer_table(trace)
     assert len(table.rows) == MAX_TABLE_ROWS
-    assert (
-        table.note == f"Showing the first {MAX_TABLE_ROWS} of {MAX_TABLE_ROWS + 3} saved tensors."
+    assert table.note == (
+        f"Showing the first {MAX_TABLE_ROWS} of {MAX_TABLE_ROWS + 3} rows "
+        f"({MAX_TABLE_ROWS + 3} saved tensors)."
     )
+
+
+def test_buffer_table_groups_tensors_alike_but_for_their_node():
+    # GIVEN the same saved tensor on 1,000 different nodes (a loop) and one different tensor
+    trace = handmade_trace()
+    exp = trace.buffers[1]
+    trace.buffers = [dataclasses.replace(exp, id=100 + i) for i in range(1000)] + [trace.buffers[0]]
+    # THEN they read as one row with the count and per-tensor bytes; the odd one keeps its id
+    rows = buffer_table(trace).rows
+    assert len(rows) == 2
+    assert rows[0][0] == "MulBackward0#2"
+    assert rows[1][0] == "ExpBackward0 (x1,000)"
+    assert rows[1][5] == "24 B each"
+    assert rows[1][-1] == "released (line 5)"
+
+
+def test_backward_calls_group_by_line_with_what_each_released():
+    # GIVEN 363 identical backward calls at line 13 and two at line 20 releasing different amounts
+    trace = handmade_trace()
+    same = BackwardCall("backward", 7, site(13), False, False, 8, 5, 2560)
+    trace.backward_calls = [dataclasses.replace(same, seq=i) for i in range(363)] + [
+        BackwardCall("backward", 900, site(20), False, False, 901, 2, 100),
+        BackwardCall("backward", 902, site(20), False, False, 903, 4, 300),
+    ]
+    texts = [s.text for s in backward_sentences(trace)]
+    # THEN one sentence per line, saying how many calls and what each released
+    assert texts == [
+        "Line 13: 363 backward() calls, each released 5 saved tensors, freeing 2.5 KiB of "
+        "retained memory.",
+        "Line 20: 2 backward() calls, each released 2 to 4 saved tensors, freeing 100 B to "
+        "300 B (400 B in all).",
+    ]
+
+
+def test_version_bumps_group_by_tensor_and_op():
+    # GIVEN an optimizer writing w in place 1,000 times at line 19, and one write to b
+    trace = handmade_trace()
+    trace.version_bumps = [
+        VersionBump("w", "add_", i, i + 1, 10 + i, site(19)) for i in range(1000)
+    ] + [VersionBump("b", "mul_", 0, 1, 5, site(19))]
+    rows = versions_table(trace).rows
+    # THEN one row per tensor and op, with the version range and the count of writes
+    assert rows == (
+        ("b", "mul_", "line 19", "0 -> 1", "", "", ""),
+        ("w", "add_", "line 19", "0 -> 1000 (1,000 writes)", "", "", ""),
+    )
+
+
+def test_text_report_caps_each_table_and_says_so():
+    trace = handmade_trace()
+    trace.version_bumps = [
+        VersionBump(f"t{i}", "add_", 0, 1, 10 + i, site(19)) for i in range(TEXT_TABLE_ROWS + 5)
+    ]
+    text = render_text(trace)
+    assert f"(Showing {TEXT_TABLE_ROWS} of {TEXT_TABLE_ROWS + 5} rows.)" in text
+    assert f"t{TEXT_TABLE_ROWS + 4} " not in text
 
 
 def test_storage_and_version_tables():

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
-
-import networkx
+from typing import TYPE_CHECKING, Any
 
 from autograd_magic.model.records import (
     AliasLink,
@@ -20,9 +18,9 @@ from autograd_magic.model.records import (
     NodeRecord,
     SavedBuffer,
     Site,
+    TimelineSample,
     VersionBump,
 )
-from autograd_magic.model.trace import TimelineSample, Trace
 from autograd_magic.model.validate import (
     MAX_CAP,
     build_record,
@@ -32,12 +30,20 @@ from autograd_magic.model.validate import (
     check_value,
 )
 
+if TYPE_CHECKING:
+    import networkx
+
+    from autograd_magic.model.trace import Trace
+
 FORMAT = "autograd_magic.trace"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: records carry `module`; module_calls and module_types added
+READABLE_VERSIONS = (1, 2)  # a version-1 export reads as a trace without module attribution
 
 
 def to_networkx(trace: Trace) -> networkx.DiGraph:
     """Nodes keyed by id (name, alive, born/freed lines, saved bytes); edges node -> next."""
+    import networkx  # loaded when a graph is first asked for, not with the package
+
     saved: dict[int, int] = {}
     for buffer in trace.buffers:
         if buffer.node_id is not None:
@@ -107,6 +113,8 @@ def trace_to_json(trace: Trace) -> str:
     document["timeline"] = [list(s) for s in trace.timeline]
     document["labels"] = {str(k): v for k, v in trace.labels.items()}
     document["object_kinds"] = {str(k): v for k, v in trace.object_kinds.items()}
+    document["module_calls"] = dict(trace.module_calls)
+    document["module_types"] = dict(trace.module_types)
     alive = trace.alive_at_end
     document["alive_at_end"] = None if alive is None else sorted(alive)
     return json.dumps(document)
@@ -127,9 +135,10 @@ _COUNTERS = (
 )
 
 
-def trace_from_json(text: str) -> Trace:
-    """Rebuild a `Trace` from `trace_to_json` output; raises ValueError naming the first field
-    that is missing, mistyped, out of range or over its cap (and on other documents)."""
+def trace_fields(text: str) -> dict[str, Any]:
+    """The `Trace` fields of a `trace_to_json` document, for `Trace.from_records`; raises
+    ValueError naming the first field that is missing, mistyped, out of range or over its cap
+    (and on other documents). Builds records from plain values only."""
     try:
         document = json.loads(text)
     except (TypeError, RecursionError) as error:
@@ -137,36 +146,38 @@ def trace_from_json(text: str) -> Trace:
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ValueError("not an autograd_magic trace export")
     version = document.get("version")
-    if type(version) is not int or version != FORMAT_VERSION:
+    if type(version) is not int or version not in READABLE_VERSIONS:
         raise ValueError(
             f"trace export version {version!r} is not supported "
             f"(this autograd_magic reads version {FORMAT_VERSION})"
         )
     max_records = check_int(document.get("max_records"), "max_records", 1, MAX_CAP)
     max_timeline = check_int(document.get("max_timeline"), "max_timeline", 1, MAX_CAP)
-    trace = Trace(max_records, max_timeline)
+    fields: dict[str, Any] = {"max_records": max_records, "max_timeline": max_timeline}
     for name in _COUNTERS:
-        setattr(trace, name, check_int(document.get(name, 0), name))
-    trace.finished = check_value(document.get("finished", False), bool, "finished")
-    trace.error = check_value(document.get("error"), str | None, "error")
+        fields[name] = check_int(document.get(name, 0), name)
+    fields["finished"] = check_value(document.get("finished", False), bool, "finished")
+    fields["error"] = check_value(document.get("error"), str | None, "error")
     site = document.get("error_site")
-    trace.error_site = None if site is None else build_record(Site, site, "error_site")
+    fields["error_site"] = None if site is None else build_record(Site, site, "error_site")
     for name, cls in _LISTS.items():
         values = check_list(document, name, max_records)
-        setattr(trace, name, [build_record(cls, v, f"{name}[{i}]") for i, v in enumerate(values)])
+        fields[name] = [build_record(cls, v, f"{name}[{i}]") for i, v in enumerate(values)]
     timeline = check_list(document, "timeline", max_timeline)
-    trace.timeline = [_sample(v, f"timeline[{i}]") for i, v in enumerate(timeline)]
-    trace.labels = check_id_map(document, "labels", max_records)
-    trace.object_kinds = check_id_map(document, "object_kinds", max_records)
+    fields["timeline"] = [_sample(v, f"timeline[{i}]") for i, v in enumerate(timeline)]
+    fields["labels"] = check_id_map(document, "labels", max_records)
+    fields["object_kinds"] = check_id_map(document, "object_kinds", max_records)
+    for name, kind in (("module_calls", int), ("module_types", str)):
+        fields[name] = check_value(document.get(name, {}), dict[str, kind], name)
+        if len(fields[name]) > max_records:
+            raise ValueError(f"{name}: more than the cap of {max_records}")
     alive = document.get("alive_at_end")
     if alive is not None:
         alive = set(check_value(alive, tuple[int, ...], "alive_at_end"))
         if len(alive) > max_records:
             raise ValueError(f"alive_at_end: more than the cap of {max_records}")
-    trace.alive_at_end = alive
-    trace._node_index = {n.id: n for n in trace.nodes}
-    trace._buffer_index = {b.id: b for b in trace.buffers}
-    return trace
+    fields["alive_at_end"] = alive
+    return fields
 
 
 def _sample(values: Any, where: str) -> TimelineSample:

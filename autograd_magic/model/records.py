@@ -7,6 +7,24 @@ exported to JSON and rendered after the user's objects are gone.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
+
+FindingKind = Literal[
+    "kept-alive",
+    "graph-growth",
+    "retained-graph",
+    "backward-through-freed",
+    "inplace-on-saved",
+    "shared-write",
+    "data-bypass",
+    "unused-graph",
+]
+BlindspotKind = Literal["compiled", "saved-tensor-hooks", "naming-cut", "internal"]
+BackwardKind = Literal["backward", "grad"]
+# How a tensor/array joined a storage group: the op that made it ("detach", "view",
+# "__getitem__", "from_numpy", "numpy", ".data", ...: any view op, an open set), "<op> (copy)"
+# for a copy, or "original" for the group's first member.
+JoinedBy = str
 
 
 @dataclass(frozen=True)
@@ -41,6 +59,7 @@ class NodeRecord:
     freed_site: Site | None = None
     existed_before: bool = False
     reached_by: int | None = None  # index of the first backward call that walked this node
+    module: str | None = None  # `model.encoder.layers.0.linear1`; None outside any nn.Module
 
     @property
     def born_line(self) -> int:
@@ -75,6 +94,7 @@ class SavedBuffer:
     label: str = ""
     freed_seq: int | None = None
     freed_site: Site | None = None
+    module: str | None = None  # the nn.Module whose forward saved it, as a path; None outside
 
     @property
     def freed(self) -> bool:
@@ -129,7 +149,7 @@ class VersionBump:
 class BackwardCall:
     """A `backward()` or `torch.autograd.grad` call and what it released."""
 
-    kind: str
+    kind: BackwardKind
     seq: int
     site: Site
     retain_graph: bool
@@ -154,8 +174,23 @@ class StorageGroup:
     """Tensors and arrays sharing one memory block; `copies` maps a copy's label to its source."""
 
     members: tuple[str, ...]
-    how: dict[str, str]
+    how: dict[str, JoinedBy]
     copies: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModuleStats:
+    """One module that ran in the block: its calls, nodes and the bytes its ops saved for
+    backward (`saved_bytes` includes submodules, `self_saved_bytes` does not; parameters, which
+    the graph does not own, are not counted)."""
+
+    path: str
+    type: str
+    calls: int
+    nodes_created: int
+    saved_bytes: int
+    self_saved_bytes: int
+    peak_retained_bytes: int
 
 
 @dataclass(frozen=True)
@@ -174,7 +209,7 @@ class Snapshot:
 class Finding:
     """A plain-sentence diagnosis with the line that caused it and what to change."""
 
-    kind: str
+    kind: FindingKind
     message: str
     line: int | None
     related_lines: tuple[int, ...] = ()
@@ -190,10 +225,20 @@ class Holder:
     node_id: int
 
 
+class TimelineSample(NamedTuple):
+    """State right after an event: (sequence, live nodes, retained bytes, what happened, line)."""
+
+    seq: int
+    live_nodes: int
+    retained_bytes: int
+    what: str
+    line: int
+
+
 @dataclass(frozen=True)
 class Blindspot:
     """Something the recorder could not see (compiled code, user saved-tensor hooks, caps hit)."""
 
-    kind: str
+    kind: BlindspotKind
     message: str
     line: int | None = None

@@ -8,7 +8,7 @@ records and integers. `Trace.from_records` builds one from records (JSON loading
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from autograd_magic.model.records import (
     AliasLink,
@@ -16,11 +16,13 @@ from autograd_magic.model.records import (
     Blindspot,
     Finding,
     Holder,
+    ModuleStats,
     NodeRecord,
     SavedBuffer,
     Site,
     Snapshot,
     StorageGroup,
+    TimelineSample,
     VersionBump,
 )
 
@@ -29,16 +31,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_RECORDS = 100_000
 DEFAULT_MAX_TIMELINE = 20_000
-
-
-class TimelineSample(NamedTuple):
-    """State right after an event: (sequence, live nodes, retained bytes, what happened, line)."""
-
-    seq: int
-    live_nodes: int
-    retained_bytes: int
-    what: str
-    line: int
+__all__ = ["DEFAULT_MAX_RECORDS", "DEFAULT_MAX_TIMELINE", "Listener", "TimelineSample", "Trace"]
 
 
 Listener = Callable[["Trace"], None]
@@ -60,6 +53,9 @@ class Trace:
         self.blindspots: list[Blindspot] = []
         self.holders: list[Holder] = []
         self.labels: dict[int, str] = {}
+        # nn.Module path -> forward calls in the block, and its class name (see `modules()`).
+        self.module_calls: dict[str, int] = {}
+        self.module_types: dict[str, str] = {}
         self.object_kinds: dict[int, str] = {}
         # Ids of tracked tensors/arrays still alive when the block ended (None while running).
         self.alive_at_end: set[int] | None = None
@@ -149,6 +145,12 @@ class Trace:
         """The saved buffers a node owns."""
         return [b for b in self.buffers if b.node_id == node_id]
 
+    def modules(self) -> list[ModuleStats]:
+        """One entry per nn.Module that ran in the block, most saved bytes first."""
+        from autograd_magic.model.modules import module_stats
+
+        return module_stats(self)
+
     def storage_groups(self) -> list[StorageGroup]:
         """Groups of tensors/arrays that share memory, with how each joined and copies beside."""
         from autograd_magic.model.storage import storage_groups
@@ -170,9 +172,9 @@ class Trace:
     @classmethod
     def from_json(cls, text: str) -> Trace:
         """Load an export without executing anything."""
-        from autograd_magic.model.export import trace_from_json
+        from autograd_magic.model.export import trace_fields
 
-        return trace_from_json(text)
+        return cls.from_records(**trace_fields(text))
 
     def listen(self, callback: Listener | None, interval_s: float = 0.5) -> None:
         """Call `callback(trace)` while the block runs, at most once per `interval_s` seconds.

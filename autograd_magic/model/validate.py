@@ -38,6 +38,10 @@ def check_value(value: Any, hint: Any, where: str) -> Any:
             return None
         (inner,) = [o for o in options if o is not type(None)]
         return check_value(value, inner, where)
+    if origin is typing.Literal:
+        if value not in typing.get_args(hint) or type(value) is not str:
+            raise ValueError(f"{where}: {str(value)[:40]!r} is not one of {typing.get_args(hint)}")
+        return value
     if hint is int:
         return check_int(value, where, low=-(2**63))
     if hint in (str, bool, float):

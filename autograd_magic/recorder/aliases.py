@@ -13,7 +13,7 @@ import torch
 
 from autograd_magic.model.records import AliasLink, Blindspot, Site, VersionBump
 from autograd_magic.recorder.identity import ObjectRegistry
-from autograd_magic.recorder.naming import find_names
+from autograd_magic.recorder.naming import find_names, resolve_param_marks
 from autograd_magic.recorder.ops import VERSION_SHARING_HOWS, OpKind
 from autograd_magic.recorder.saved import PackedSaved, storage_of
 
@@ -117,7 +117,8 @@ class AliasTracker:
     def _saved_on(self, tensor: torch.Tensor, saved_before: int) -> tuple[list[int], list[int]]:
         """Live buffers saved before the write on `tensor`'s memory: (those whose version check
         will now fail, those changed without their version moving)."""
-        failing, silent = [], []
+        failing: list[int] = []
+        silent: list[int] = []
         if self.writer.live_buffers <= 0:  # nothing saved is alive: no buffer to look up
             return failing, silent
         for ref in _refs(self._live_saved.get(storage_of(tensor)[0])):
@@ -280,14 +281,42 @@ class AliasTracker:
         namespace: dict[str, Any],
         budget_s: float,
         also: Callable[[Any, str], None] | None = None,
-    ) -> None:
-        """Replace op labels by the user's variable paths for objects still alive."""
+        extra: dict[int, int] | None = None,
+    ) -> dict[int, str]:
+        """Replace op labels by the user's variable paths for objects still alive; `extra`
+        (address -> negative id) asks for more objects' paths in the same walk. Returns every
+        path found by id."""
         alive = self.registry.alive()
         skipped: set[str] = set()
-        if alive or also is not None:
-            names, complete = find_names(namespace, alive, budget_s, also, skipped)
+        param_names: dict[int, str] = {}
+        # Held saved tensors by storage: their storage cannot have been reused while held.
+        held = {b.storage_key: b.id for b in self.trace.buffers if not b.freed and b.storage_key}
+        storage_names: dict[int, tuple[str, tuple[int, ...]]] = {}
+
+        def visit(obj: Any, path: str) -> None:
+            if issubclass(type(obj), torch.Tensor) and "\x00" not in path:
+                if issubclass(type(obj), torch.nn.Parameter):
+                    param_names.setdefault(id(obj), path)
+                if held:
+                    key = storage_of(obj)[0]
+                    if key in held:
+                        storage_names.setdefault(key, (path, tuple(obj.shape)))
+            if also is not None:
+                also(obj, path)
+
+        wanted = {**alive, **extra} if extra else alive
+        if wanted or also is not None:
+            names, complete = find_names(namespace, wanted, budget_s, visit, skipped)
         else:  # nothing alive to name and no holder to look for: skip the walk
             names, complete = {}, True
+        names = {uid: resolve_param_marks(path, param_names) for uid, path in names.items()}
+        self.writer.name_buffers(
+            {
+                b.id: _saved_name(b.shape, *storage_names[b.storage_key])
+                for b in self.trace.buffers
+                if not b.freed and b.storage_key in storage_names
+            }
+        )
         labels = {
             uid: names.get(uid, self.registry.op_labels.get(uid, label))
             for uid, label in self.trace.labels.items()
@@ -310,6 +339,12 @@ class AliasTracker:
                     "tensors keep op labels like exp#3.",
                 )
             )
+        return names
+
+
+def _saved_name(saved_shape: tuple[int, ...], path: str, shape: tuple[int, ...]) -> str:
+    """`w`, or `view of w` when autograd saved a reshaped view of it (addmm saves `w.t()`)."""
+    return path if saved_shape == shape else f"view of {path}"
 
 
 def _version_groups(links: list[AliasLink]) -> dict[int, list[int]]:

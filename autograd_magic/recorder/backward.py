@@ -65,11 +65,11 @@ def run_backward(host: BackwardHost, func: Any, kind: OpKind, args: tuple, kwarg
         retain_graph,
         create_graph,
     )
-    writer.add_backward_call(call)
+    index = writer.add_backward_call(call)
     reached: list[int] = []
     # Bookkeeping must never stop the user's backward.
     with contextlib.suppress(Exception):
-        reached = _reach(host, call, _backward_roots(arguments))
+        reached = _reach(host, call, index, _backward_roots(arguments))
     writer.backward_running(call)
     try:
         return func(*args, **kwargs)
@@ -82,14 +82,15 @@ def run_backward(host: BackwardHost, func: Any, kind: OpKind, args: tuple, kwarg
         writer.backward_ended(call)
 
 
-def _reach(host: BackwardHost, call: BackwardCall, roots: list[torch.Tensor]) -> list[int]:
-    """Walk the recorded graph a backward call is about to traverse (records only, no nodes)."""
+def _reach(
+    host: BackwardHost, call: BackwardCall, index: int, roots: list[torch.Tensor]
+) -> list[int]:
+    """Walk the recorded graph the `index`-th backward call of the block is about to traverse
+    (records only, no nodes)."""
     root_ids = host.root_node_ids(roots)
     writer = host.writer
-    calls = writer.trace.backward_calls
     call.root_ids = tuple(root_ids)
-    index = len(calls) - 1
-    previous = calls[-2].seq if index > 0 else 0
+    previous = writer.previous_backward_seq
     seen, stack = set(root_ids), list(root_ids)
     while stack:
         record = writer.node_record(stack.pop())

@@ -15,18 +15,26 @@ import weakref
 from collections import Counter
 from collections.abc import Callable
 from types import CodeType, TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
-from autograd_magic.model.records import Blindspot, Finding, Holder, SavedBuffer, Site
+from autograd_magic.model.records import (
+    Blindspot,
+    BlindspotKind,
+    Finding,
+    Holder,
+    SavedBuffer,
+    Site,
+)
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import ACCUMULATE_GRAD, describe_error
 from autograd_magic.recorder import install
 from autograd_magic.recorder.aliases import AliasTracker
 from autograd_magic.recorder.backward import run_backward
+from autograd_magic.recorder.modules import ModuleTracker
 from autograd_magic.recorder.naming import frame_namespace
 from autograd_magic.recorder.ops import OpKind, classify
 from autograd_magic.recorder.saved import PackedSaved, probe_saved, storage_of
@@ -102,6 +110,7 @@ class Recorder:
         namespace: dict[str, Any] | None = None,
         name_budget_s: float = 0.25,
         analyze: Callable[[Trace], list[Finding]] | None = None,
+        on_exit: Callable[[Trace], None] | None = None,
     ) -> None:
         global _next_trace_number
         _next_trace_number += 1
@@ -110,6 +119,7 @@ class Recorder:
         # Tags and packed buffers reach the writer weakly: they outlive the block in the graph.
         self._writer_ref = weakref.ref(self.writer)
         self._analyze = analyze
+        self._on_exit = on_exit  # called with the finished trace; must not raise
         self._key = f"autograd_magic:{_next_trace_number}"
         self._home_code = home_code
         self._namespace = namespace
@@ -130,6 +140,7 @@ class Recorder:
         self._mode: _RecorderMode | None = None
         self._blind_lines: set[tuple[str, int]] = set()
         self.aliases = AliasTracker(self.writer, self._sites)
+        self.modules = ModuleTracker(self.writer)
 
     # ----- install / remove -------------------------------------------------------------
     def __enter__(self) -> Trace:
@@ -154,6 +165,7 @@ class Recorder:
             install.push_hooks(self._pack_hook, self._unpack)
         install.push_mode_innermost(self._mode)
         install.add_patches(self)
+        self.modules.install()
         if disabled is not None:
             # Entered where PyTorch refuses saved-tensor hooks (inside a torch.func transform or
             # disable_saved_tensors_hooks): ours join when hooks are enabled again.
@@ -165,6 +177,7 @@ class Recorder:
     def _uninstall(self) -> None:
         """Remove this block's mode, hooks and patch routing (idempotent; any order of blocks)."""
         install.remove_patches(self)
+        self.modules.remove()
         if self._mode is not None:
             install.remove_mode(self._mode)
             # Stashed by torch when interrupted, the mode may come back later: harmless then.
@@ -187,7 +200,7 @@ class Recorder:
 
     def __exit__(
         self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> bool:
+    ) -> Literal[False]:
         # `_remove_all` inlined: a KeyboardInterrupt checked on entering a call would escape.
         interrupted = None
         while True:
@@ -222,6 +235,8 @@ class Recorder:
         finally:
             self._namespace = None
             self.writer.close()
+        if self._on_exit is not None:
+            self._on_exit(self.trace)
         if interrupted is not None:
             raise interrupted
         return False
@@ -229,11 +244,13 @@ class Recorder:
     def finish(self, namespace: dict[str, Any]) -> None:
         """Resolve labels against the user's namespace and compute findings (block has ended)."""
         self.aliases.check_numpy_writes()
-        key, holders, paths = self._key, [], Counter()
+        key, paths = self._key, Counter[int]()
+        holders: list[Holder] = []
 
         def note_holder(obj: Any, path: str) -> None:
-            if issubclass(type(obj), torch.Tensor) and obj.grad_fn is not None:
-                tag = obj.grad_fn.metadata.get(key)
+            grad_fn: Any = obj.grad_fn if issubclass(type(obj), torch.Tensor) else None
+            if grad_fn is not None:
+                tag = grad_fn.metadata.get(key)
                 # A few paths per root: `loss` and `losses[2]` may name the same tensor.
                 if tag is not None and paths[tag.node_id] < MAX_PATHS_PER_ROOT:
                     paths[tag.node_id] += 1
@@ -241,9 +258,17 @@ class Recorder:
 
         # Holders keep a live graph root alive: with no live node there is none to find.
         live = self.trace.live_nodes > 0
-        self.aliases.resolve_labels(
-            namespace, self._name_budget_s, also=note_holder if live else None
+        roots = self.modules.root_placeholders()
+        # Root modules are looked up in the same walk, under negative ids.
+        extra = {id(module): -1 - i for i, module in enumerate(roots.values())}
+        names = self.aliases.resolve_labels(
+            namespace, self._name_budget_s, also=note_holder if live else None, extra=extra
         )
+        root_names = {
+            placeholder: names.get(-1 - i) or self.writer.module_types.get(placeholder, "module")
+            for i, placeholder in enumerate(roots)
+        }
+        self.writer.end_modules(root_names)
         self.writer.end_holders(holders)
         self.writer.close(None if self._analyze is None else self._analyze(self.trace))
 
@@ -286,7 +311,7 @@ class Recorder:
         try:
             out = func(*args, **kwargs) if kwargs else func(*args)
             if type(out) is _Tensor or isinstance(out, _Tensor):
-                grad_fn = out.grad_fn
+                grad_fn: Any = out.grad_fn
                 if grad_fn is not None:
                     metadata = grad_fn.metadata
                     if self._key not in metadata and not self._born_alone(grad_fn, metadata, mark):
@@ -336,7 +361,8 @@ class Recorder:
         self._register_outputs(roots, len(self._unowned))
         key, ids = self._key, []
         for tensor in roots:
-            tag = None if tensor.grad_fn is None else tensor.grad_fn.metadata.get(key)
+            grad_fn: Any = tensor.grad_fn
+            tag = None if grad_fn is None else grad_fn.metadata.get(key)
             if tag is not None:
                 ids.append(tag.node_id)
         return ids
@@ -352,7 +378,7 @@ class Recorder:
     def _register_outputs(self, out: Any, mark: int) -> None:
         key = self._key
         if isinstance(out, torch.Tensor):
-            grad_fn = out.grad_fn
+            grad_fn: Any = out.grad_fn
             if grad_fn is not None:
                 metadata = grad_fn.metadata
                 if key not in metadata and not self._born_alone(grad_fn, metadata, mark):
@@ -362,7 +388,7 @@ class Recorder:
             roots = []
             for item in out:
                 if isinstance(item, torch.Tensor):
-                    grad_fn = item.grad_fn
+                    grad_fn = item.grad_fn  # Any, as above: `metadata` is a dict, not a method
                     if grad_fn is not None and key not in grad_fn.metadata:
                         roots.append(grad_fn)
             if roots:
@@ -445,7 +471,7 @@ class Recorder:
         self._busy += 1
         try:
             for node, node_id in nodes:
-                self._probe_hits = hits = []
+                self._probe_hits = hits = list[int]()
                 probe_saved(node)
                 self.writer.buffers_owned(hits, node_id)
                 owned.update(hits)
@@ -501,7 +527,7 @@ class Recorder:
         """True when `tensor.grad_fn` is surely not the node saving it (then `tensor` is an input
         or a leaf, which PyTorch keeps whole): none, already tagged, or made before the block on
         this thread (sequence numbers are per thread)."""
-        grad_fn = tensor.grad_fn
+        grad_fn: Any = tensor.grad_fn
         return (
             grad_fn is None
             or self._key in grad_fn.metadata
@@ -561,7 +587,7 @@ class Recorder:
         if suspended == "all":
             install.push_mode_innermost(self._mode)
 
-    def _note_blindspot(self, kind: str, site: Site, message: str) -> None:
+    def _note_blindspot(self, kind: BlindspotKind, site: Site, message: str) -> None:
         if (kind, site.line) in self._blind_lines:
             return
         self._blind_lines.add((kind, site.line))
@@ -620,5 +646,5 @@ def _current_sequence_nr() -> int:
         torch.inference_mode(False),
         torch.enable_grad(),
     ):
-        probe = torch.zeros((), requires_grad=True).mul(1)
+        probe: Any = torch.zeros((), requires_grad=True).mul(1)
         return probe.grad_fn._sequence_nr()

@@ -46,7 +46,10 @@ def _children(obj: Any, path: str, skipped: set[str]) -> Iterator[tuple[Any, str
             if type(key) is str or type(key) is int:
                 yield item, f"{path}[{key!r}]"
         return
-    if issubclass(kind, (torch.Tensor, torch.optim.Optimizer)) or kind.__module__ == "numpy":
+    if issubclass(kind, torch.optim.Optimizer):
+        yield from _optimizer_state(obj, path)
+        return
+    if issubclass(kind, torch.Tensor) or kind.__module__ == "numpy":
         return
     attrs = _instance_dict(obj, kind)
     if attrs is None:
@@ -87,6 +90,36 @@ def _instance_dict(obj: Any, kind: type) -> dict | None:
     except (AttributeError, TypeError):
         return None
     return attrs if type(attrs) is dict else None
+
+
+def param_mark(param: Any) -> str:
+    """A stand-in for a parameter's name inside a path, replaced once the walk has named it."""
+    return f"\x00{id(param)}\x00"
+
+
+def _optimizer_state(opt: torch.optim.Optimizer, path: str) -> Iterator[tuple[Any, str]]:
+    """`opt.state[<param>]["exp_avg"]`: the state tensors, as the user would reach them. Only the
+    optimizer's own dicts are read (plain data, no user code runs)."""
+    attrs = _instance_dict(opt, type(opt))
+    state = None if attrs is None else attrs.get("state")
+    if not isinstance(state, dict):
+        return
+    for i, (param, entry) in enumerate(dict.items(state)):
+        if i >= MAX_CONTAINER_ITEMS or type(entry) is not dict:
+            return
+        for key, value in dict.items(entry):
+            if type(key) is str and issubclass(type(value), torch.Tensor):
+                yield value, f"{path}.state[{param_mark(param)}][{key!r}]"
+
+
+def resolve_param_marks(path: str, param_names: Mapping[int, str]) -> str:
+    """Put each parameter's name (`model.0.weight`, else `param`) where `param_mark` stood."""
+    if "\x00" not in path:
+        return path
+    parts = path.split("\x00")
+    for i in range(1, len(parts), 2):
+        parts[i] = param_names.get(int(parts[i]), "param")
+    return "".join(parts)
 
 
 def walk_namespace(

@@ -58,7 +58,8 @@ class PackedSaved:
             self.output_nr = tensor.output_nr
         # A view of a parameter (addmm saves `weight.t()`) lives on the parameter's memory, which
         # the graph's death does not free: count it with the leaves.
-        self.is_leaf = tensor.is_leaf or (tensor._is_view() and tensor._base.is_leaf)
+        base = tensor._base if tensor._is_view() else None
+        self.is_leaf = tensor.is_leaf or (base is not None and base.is_leaf)
         self.nbytes = tensor.numel() * tensor.element_size()
         self.storage_key = 0
 

@@ -57,7 +57,7 @@ class SiteFinder:
 
     def here(self, skip: int = 1) -> Site:
         """The site of the calling event, looked up `skip` frames above this call."""
-        frame = sys._getframe(skip + 1)
+        frame: FrameType | None = sys._getframe(skip + 1)
         library = self._library
         while frame is not None:
             filename = frame.f_code.co_filename
@@ -74,15 +74,20 @@ class SiteFinder:
         code = frame.f_code
         home = self.home_code
         outer = None
-        if code is home:
+        # A script run with exec/%run inside the block is traced code too: its own lines count.
+        if code is home or code.co_name == "<module>":
             key = frame.f_lasti
         else:
             if home is not None:
                 outer = frame.f_back
                 while outer is not None and outer.f_code is not home:
+                    if outer.f_code.co_name == "<module>":
+                        break
                     outer = outer.f_back
             # Offsets are below 2**31: one int holds both (0: no outer frame).
             key = frame.f_lasti << 32 | (0 if outer is None else outer.f_lasti + 1)
+            if outer is not None and outer.f_code is not home:
+                key |= id(outer.f_code) << 64
         entry = self._by_code.get(id(code))
         if entry is None or entry[0] is not code:
             entry = self._by_code[id(code)] = (code, {})
@@ -108,17 +113,18 @@ class SiteFinder:
 def site_of_traceback(tb: TracebackType | None, sites: SiteFinder) -> Site | None:
     """The innermost user frame in a traceback (where the block's exception came from), with the
     traced code's own line as `outer_line` when the error came from inside a user function."""
-    best, outer = None, None
+    best, outer, outer_code = None, None, None
     while tb is not None:
         code = tb.tb_frame.f_code
-        if code is sites.home_code:
-            outer = tb.tb_lineno
-        if not is_library_file(code.co_filename):
+        user = not is_library_file(code.co_filename)
+        if code is sites.home_code or (user and code.co_name == "<module>"):
+            outer, outer_code = tb.tb_lineno, code
+        if user:
             best = (code, tb.tb_lineno)
         tb = tb.tb_next
     if best is None:
         return None
     code, line = best
-    if code is sites.home_code:
+    if code is outer_code:
         outer = None
     return Site(code.co_filename, line, code.co_name, outer)

@@ -21,9 +21,10 @@ from autograd_magic.model.records import (
     NodeRecord,
     SavedBuffer,
     Site,
+    TimelineSample,
     VersionBump,
 )
-from autograd_magic.model.trace import TimelineSample, Trace
+from autograd_magic.model.trace import Trace
 
 NODES_CREATED = "nodes created"
 NODE_FREED = "node freed"
@@ -41,6 +42,14 @@ class TraceWriter:
         # Where an event happened when it carries no site (a node dying): `locate(skip)`.
         self.locate = locate
         self.active_backward: BackwardCall | None = None
+        # The innermost nn.Module being called (set by the module tracker), and per module path
+        # its calls and class name.
+        self.module: str | None = None
+        self.module_calls: dict[str, int] = {}
+        self.module_types: dict[str, str] = {}
+        self.backward_count = 0
+        self.previous_backward_seq = 0  # the sequence number of the call before the latest
+        self._latest_backward_seq = 0
         # Packed objects autograd still holds (saved, not released): counted by the pack hook as
         # soon as one exists, since its finalizer uncounts it.
         self.live_buffers = 0
@@ -84,7 +93,15 @@ class TraceWriter:
         if len(trace.nodes) >= trace.max_records:
             trace.dropped_nodes += 1
             return
-        record = NodeRecord(node_id, name, trace.seq, site, next_ids, existed_before=existed_before)
+        record = NodeRecord(
+            node_id,
+            name,
+            trace.seq,
+            site,
+            next_ids,
+            existed_before=existed_before,
+            module=self.module,
+        )
         trace.nodes.append(record)
         self._nodes[node_id] = record
 
@@ -98,7 +115,7 @@ class TraceWriter:
         if live > trace.peak_live_nodes:
             trace.peak_live_nodes = live
         if len(trace.nodes) < trace.max_records:
-            record = NodeRecord(node_id, name, seq, site, next_ids)
+            record = NodeRecord(node_id, name, seq, site, next_ids, module=self.module)
             trace.nodes.append(record)
             self._nodes[node_id] = record
         else:
@@ -161,6 +178,7 @@ class TraceWriter:
         if len(trace.buffers) >= trace.max_records:
             trace.dropped_buffers += 1
         else:
+            buffer.module = self.module
             trace.buffers.append(buffer)
             self._buffers[buffer.id] = buffer
         self.sample("buffer saved", buffer.saved_site)
@@ -259,18 +277,53 @@ class TraceWriter:
             members = version_groups.get(bump.object_id, ())
             bump.affected = tuple(sorted(trace.label(m) for m in members if m != bump.object_id))
 
+    def name_buffers(self, names: dict[int, str]) -> None:
+        """The user's names of saved tensors still held at the end (buffer id -> path)."""
+        for buffer_id, name in names.items():
+            buffer = self.trace.buffer(buffer_id)
+            if buffer is not None and not buffer.label:
+                buffer.label = name
+
     def end_holders(self, holders: list[Holder]) -> None:
         """User-visible paths that keep a live graph root alive at the end of the block."""
         self.trace.holders.extend(holders)
+
+    def end_modules(self, root_names: dict[str, str]) -> None:
+        """Replace each root placeholder (`<0>`) in module paths by the user's name for that
+        module (`model`), and store every module's calls and class."""
+        final: dict[str, str] = {}
+
+        def rename(path: str) -> str:
+            named = final.get(path)
+            if named is None:
+                root, dot, rest = path.partition(".")
+                named = final[path] = root_names.get(root, root) + dot + rest
+            return named
+
+        trace = self.trace
+        for records in (trace.nodes, trace.buffers):
+            for record in records:
+                if record.module is not None:
+                    record.module = rename(record.module)
+        trace.module_calls = {rename(p): n for p, n in self.module_calls.items()}
+        trace.module_types = {rename(p): t for p, t in self.module_types.items()}
 
     def block_error(self, message: str, site: Site | None) -> None:
         """The exception that ended the block."""
         self.trace.error = message
         self.trace.error_site = site
 
-    def add_backward_call(self, call: BackwardCall) -> None:
-        """A backward/grad call was made (it runs after `backward_running`)."""
-        self.trace.backward_calls.append(call)
+    def add_backward_call(self, call: BackwardCall) -> int:
+        """A backward/grad call was made (it runs after `backward_running`); returns its index
+        among the block's calls. Beyond `max_records` calls it is counted, not kept."""
+        trace = self.trace
+        self.backward_count += 1
+        self.previous_backward_seq, self._latest_backward_seq = self._latest_backward_seq, call.seq
+        if len(trace.backward_calls) < trace.max_records:
+            trace.backward_calls.append(call)
+        else:
+            trace.dropped_events += 1
+        return self.backward_count - 1
 
     def backward_running(self, call: BackwardCall) -> None:
         """The engine starts: buffers and nodes released until it ends are attributed to it."""
@@ -321,10 +374,17 @@ class TraceWriter:
             self._run_open = False
 
     def _thin_timeline(self) -> None:
-        """Halve the timeline's resolution, keeping every backward marker (bounded memory)."""
+        """Halve the timeline's resolution (bounded memory, constant work per event): backward
+        markers are all kept while they are at most half of it, then thinned like the rest."""
         self.flush()
         timeline = self.trace.timeline
-        kept = [s for i, s in enumerate(timeline) if i % 2 == 0 or s.what in BACKWARD_MARKERS]
+        markers = sum(1 for s in timeline if s.what in BACKWARD_MARKERS)
+        keep_markers = 2 * markers <= len(timeline)
+        kept = [
+            s
+            for i, s in enumerate(timeline)
+            if i % 2 == 0 or (keep_markers and s.what in BACKWARD_MARKERS)
+        ]
         timeline[:] = kept
         self._timeline_stride *= 2
         last = timeline[-1] if timeline else None

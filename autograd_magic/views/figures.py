@@ -10,37 +10,44 @@ from __future__ import annotations
 import io
 import itertools
 import math
+from typing import Any
 
 import numpy
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FuncFormatter, MultipleLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator, MultipleLocator
 
 from autograd_magic.analysis.layout import Box, GraphView
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import ACCUMULATE_GRAD, format_bytes
+from autograd_magic.views.series import envelope, x_axis
 
 ALIVE, FREED, LEAF = "#e8590c", "#adb5bd", "#2f9e44"
 NODES_COLOR, BYTES_COLOR, BACKWARD_COLOR, ERROR_COLOR = "#1c7ed6", "#e8590c", "#7048e8", "#e03131"
+INK = "#7b8189"  # text and axes: about 4:1 contrast on both white and JupyterLab dark
 LABEL_LIMIT = 60
 
 
 def graph_figure(view: GraphView, selected: int | None = None, width: float = 9.0) -> Figure:
-    """The layered graph: leaves at the top, the loss at the bottom, size by saved bytes."""
+    """The layered graph: leaves at the top, the loss at the bottom, size by the bytes each box
+    ever saved for backward (released or not; colour tells alive from freed)."""
     boxes = view.boxes
     depth = 1 + max((b.layer for b in boxes), default=0)
     fig = Figure(figsize=(width, min(12.0, max(3.0, 0.9 + 0.5 * depth))), layout="constrained")
     ax = fig.add_subplot()
     ax.set_axis_off()
     if not boxes:
-        ax.text(0.5, 0.5, "No autograd nodes recorded", ha="center", transform=ax.transAxes)
+        ax.text(
+            0.5, 0.5, "No autograd nodes recorded", ha="center", transform=ax.transAxes, color=INK
+        )
         return fig
     xs = [b.x for b in boxes]
     ys = [-b.layer for b in boxes]
     # One NaN-separated polyline for all edges: several times faster to draw than a
     # LineCollection of 10,000 segments.
-    edge_x, edge_y = [], []
+    edge_x: list[float] = []
+    edge_y: list[float] = []
     for a, b in view.edges:
         edge_x += (xs[a], xs[b], math.nan)
         edge_y += (ys[a], ys[b], math.nan)
@@ -71,6 +78,7 @@ def graph_figure(view: GraphView, selected: int | None = None, width: float = 9.
                 ha="center",
                 va="top",
                 fontsize=7,
+                color=INK,
                 zorder=4,
             )
     ax.margins(0.08, 0.15)
@@ -79,8 +87,14 @@ def graph_figure(view: GraphView, selected: int | None = None, width: float = 9.
         Line2D([], [], marker="o", ls="", color=c, label=t)
         for c, t in ((ALIVE, "alive"), (FREED, "freed"), (LEAF, "leaf (AccumulateGrad)"))
     ]
-    ax.legend(handles=handles, loc="upper right", fontsize=7, framealpha=0.8)
-    ax.set_title("inputs (leaves) at the top, the loss at the bottom; size = saved bytes", size=8)
+    ax.legend(handles=handles, loc="upper right", fontsize=7, frameon=False, labelcolor=INK)
+    ax.set_title(
+        "inputs (leaves) at the top, the loss at the bottom\n"
+        "dot size = bytes each node saved for backward over the whole block, "
+        "released ones included",
+        size=8,
+        color=INK,
+    )
     return fig
 
 
@@ -93,43 +107,87 @@ def _short_label(box: Box) -> str:
     return f"{text}\n{format_bytes(box.saved_bytes)}" if box.saved_bytes else text
 
 
-def timeline_figure(trace: Trace, width: float = 9.0, height: float = 3.2) -> Figure:
-    """Live nodes and retained bytes over recorded events; backward calls and big drops marked."""
-    fig = Figure(figsize=(width, height), layout="constrained")
-    ax = fig.add_subplot()
-    samples = list(trace.timeline)
+def timeline_figure(
+    trace: Trace, width: float = 9.0, height: float = 3.8, dpi: int = 100
+) -> Figure:
+    """Live nodes (top) and retained bytes (bottom) over steps (when the block called backward
+    `MIN_STEPS` times or more: step k ends with backward call k) or over recorded events; drawn as
+    a min-max envelope per pixel column when samples outnumber columns; backward calls, big drops
+    and the error marked with their lines."""
+    # Fixed margins: constrained layout would measure every label first, half the drawing time.
+    fig = Figure(figsize=(width, height))
+    fig.subplots_adjust(left=0.9 / width, right=1 - 0.2 / width, bottom=0.5 / height, top=0.93)
+    fig.subplots_adjust(hspace=0.15)
+    samples = trace.timeline
     if not samples:
+        ax = fig.add_subplot()
         ax.set_axis_off()
-        ax.text(0.5, 0.5, "Nothing recorded yet", ha="center", transform=ax.transAxes)
+        ax.text(0.5, 0.5, "Nothing recorded yet", ha="center", transform=ax.transAxes, color=INK)
         return fig
-    seqs = [s.seq for s in samples]
-    ax.step(seqs, [s.live_nodes for s in samples], where="post", color=NODES_COLOR, lw=1.4)
-    ax.set_ylabel("live autograd nodes", color=NODES_COLOR, fontsize=8)
-    ax.set_xlabel("recorded events, in order (labels give the cell line)", fontsize=8)
-    ax.tick_params(labelsize=7)
-    ax2 = ax.twinx()
-    retained = [s.retained_bytes for s in samples]
-    ax2.fill_between(seqs, retained, step="post", color=BYTES_COLOR, alpha=0.25, lw=0)
-    ax2.step(seqs, retained, where="post", color=BYTES_COLOR, lw=1.0)
-    ax2.set_ylabel("retained saved tensors", color=BYTES_COLOR, fontsize=8)
-    ax2.yaxis.set_major_locator(MultipleLocator(byte_tick_step(max(retained))))
+    seqs = numpy.fromiter((s.seq for s in samples), float, len(samples))
+    x, xlabel, steps = x_axis(trace, seqs)
+    ax, ax2 = fig.subplots(2, 1, sharex=True)
+    columns = int(width * dpi * 0.8)  # the plot area's width in pixels, about
+    live = numpy.fromiter((s.live_nodes for s in samples), float, len(samples))
+    retained = numpy.fromiter((s.retained_bytes for s in samples), float, len(samples))
+    envelope = _series(ax, x, live, NODES_COLOR, columns)
+    _series(ax2, x, retained, BYTES_COLOR, columns)
+    ax.set_ylabel("live autograd\nnodes", color=NODES_COLOR, fontsize=8)
+    ax2.set_ylabel("retained saved\ntensors", color=BYTES_COLOR, fontsize=8)
+    ax2.yaxis.set_major_locator(MultipleLocator(byte_tick_step(int(retained.max()))))
     ax2.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_bytes(int(v))))
-    ax2.tick_params(labelsize=7)
-    ax.set_ylim(bottom=0)
-    ax2.set_ylim(bottom=0)
-    ax.set_zorder(ax2.get_zorder() + 1)  # the node line over the bytes fill
-    ax.patch.set_visible(False)
-    _mark_backward(ax, samples)
-    _mark_drops(ax, samples)
+    ax2.set_xlabel(xlabel, fontsize=8, color=INK)
+    if steps:
+        ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for axis in (ax, ax2):
+        axis.set_ylim(bottom=0)
+        _neutral(axis)
+    if envelope:
+        ax.set_title(
+            f"{len(samples):,} samples: the band spans the lowest to highest value "
+            "within each pixel column",
+            fontsize=7,
+            color=INK,
+            loc="left",
+        )
+    xs = dict(zip((s.seq for s in samples), x.tolist(), strict=True))
+    _mark_backward(ax, trace, seqs, x)
+    if not envelope:
+        _mark_drops(ax, samples, xs)
     if trace.error:
         line = (
             samples[-1].line
             if trace.error_site is None
             else trace.error_site.outer_line or trace.error_site.line
         )
-        ax.axvline(seqs[-1], color=ERROR_COLOR, ls="--", lw=1.2)
-        _vlabel(ax, seqs[-1], f"error L{line}", ERROR_COLOR)
+        for axis in (ax, ax2):
+            axis.axvline(x[-1], color=ERROR_COLOR, ls="--", lw=1.2)
+        _vlabel(ax, x[-1], f"error L{line}", ERROR_COLOR)
     return fig
+
+
+def _series(ax: Any, x: numpy.ndarray, y: numpy.ndarray, colour: str, columns: int) -> bool:
+    """Draw `y` as steps, or as a min-max envelope per column when samples outnumber columns
+    (a solid block of lines says nothing). True when an envelope was drawn."""
+    if len(x) <= columns or x[-1] <= x[0]:
+        ax.fill_between(x, y, step="post", color=colour, alpha=0.2, lw=0)
+        ax.step(x, y, where="post", color=colour, lw=1.1)
+        return False
+    centres, low, high = envelope(x, y, columns)
+    ax.fill_between(centres, low, step="mid", color=colour, alpha=0.15, lw=0)  # as the steps
+    ax.fill_between(centres, low, high, step="mid", color=colour, alpha=0.35, lw=0)
+    ax.step(centres, high, where="mid", color=colour, lw=0.9)
+    ax.step(centres, low, where="mid", color=colour, lw=0.6, alpha=0.7)
+    return True
+
+
+def _neutral(ax: Any) -> None:
+    """Axes in a mid grey that reads on light and dark backgrounds (the PNG is transparent)."""
+    ax.tick_params(labelsize=7, colors=INK)
+    for spine in ax.spines.values():
+        spine.set_color(INK)
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.patch.set_visible(False)
 
 
 def byte_tick_step(top: int, most_ticks: int = 6) -> int:
@@ -144,8 +202,8 @@ def byte_tick_step(top: int, most_ticks: int = 6) -> int:
     return unit * 1024
 
 
-def _vlabel(ax: object, x: float, text: str, colour: str) -> None:
-    ax.annotate(  # type: ignore[attr-defined]
+def _vlabel(ax: Any, x: float, text: str, colour: str) -> None:
+    ax.annotate(
         text,
         (x, 1.0),
         xycoords=("data", "axes fraction"),
@@ -158,38 +216,44 @@ def _vlabel(ax: object, x: float, text: str, colour: str) -> None:
     )
 
 
-def _mark_backward(ax: object, samples: list) -> None:
-    """Shade each backward call; label at most 12 of them, first occurrence of each line first."""
-    spans, start = [], None
-    for s in samples:
-        if s.what == "backward start":
-            start = s
-        elif s.what == "backward" and start is not None:
-            spans.append((start.seq, s.seq, s.line))
-            start = None
+def _mark_backward(ax: Any, trace: Trace, seqs: numpy.ndarray, x: numpy.ndarray) -> None:
+    """Shade each backward call when there are few (a step axis already shows many); label at
+    most 12, first occurrence of each line first."""
+    calls = trace.backward_calls
+    if len(calls) > 30:
+        return
     seen: set[int] = set()
     labelled = 0
-    for first, last, line in spans:
-        ax.axvspan(first, max(last, first + 0.5), color=BACKWARD_COLOR, alpha=0.18, lw=0)  # type: ignore[attr-defined]
-        if labelled < 12 and (line not in seen or len(spans) <= 12):
+    for call in calls:
+        end = call.end_seq if call.end_seq is not None else call.seq
+        first, last = numpy.interp([call.seq, end], seqs, x)
+        ax.axvspan(
+            first,
+            max(last, first + 0.004 * (x[-1] - x[0] or 1)),
+            color=BACKWARD_COLOR,
+            alpha=0.18,
+            lw=0,
+        )
+        line = call.site.outer_line or call.line
+        if labelled < 12 and (line not in seen or len(calls) <= 12):
             _vlabel(ax, first, f"backward L{line}", BACKWARD_COLOR)
             labelled += 1
         seen.add(line)
 
 
-def _mark_drops(ax: object, samples: list) -> None:
-    """Mark the six largest falls in live nodes (graphs being freed) with their line."""
+def _mark_drops(ax: Any, samples: list, xs: dict[int, float]) -> None:
+    """Mark the largest fall in live nodes (a graph being freed) on each of at most four lines."""
     peak = max(s.live_nodes for s in samples) or 1
-    drops = []
+    biggest: dict[int, tuple[int, int, int]] = {}
     for before, after in itertools.pairwise(samples):
         fall = before.live_nodes - after.live_nodes
-        if fall >= max(1, 0.1 * peak):
-            drops.append((fall, after.seq, after.live_nodes, after.line))
-    for _, seq, live, line in sorted(drops, reverse=True)[:6]:
-        ax.plot([seq], [live], marker="v", color=NODES_COLOR, ms=6)  # type: ignore[attr-defined]
-        ax.annotate(  # type: ignore[attr-defined]
+        if fall >= max(1, 0.1 * peak) and fall > biggest.get(after.line, (0,))[0]:
+            biggest[after.line] = (fall, after.seq, after.live_nodes)
+    for line, (_, seq, live) in sorted(biggest.items(), key=lambda kv: -kv[1][0])[:4]:
+        ax.plot([xs[seq]], [live], marker="v", color=NODES_COLOR, ms=6)
+        ax.annotate(
             f"freed L{line}",
-            (seq, live),
+            (xs[seq], live),
             xytext=(3, 6),
             textcoords="offset points",
             fontsize=7,
@@ -198,7 +262,8 @@ def _mark_drops(ax: object, samples: list) -> None:
 
 
 def figure_png(fig: Figure, dpi: int = 100) -> bytes:
-    """The figure as PNG bytes (white background: readable in light and dark themes)."""
+    """The figure as PNG bytes on a transparent background: its grey text and mid-tone colours
+    read on JupyterLab's light and dark themes alike."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi, facecolor="white")
+    fig.savefig(buffer, format="png", dpi=dpi, transparent=True)
     return buffer.getvalue()

@@ -12,6 +12,7 @@ import io
 
 from autograd_magic.analysis.layout import DEFAULT_MAX_NODES, graph_view
 from autograd_magic.model.trace import Trace
+from autograd_magic.views.modules import module_table
 from autograd_magic.views.text import (
     MAX_TABLE_ROWS,
     Sentence,
@@ -96,6 +97,18 @@ def first_rows(table: Table, limit: int = STATIC_TABLE_ROWS) -> Table:
     return Table(table.title, table.headers, table.rows[:limit], f"{note} {table.note}".strip())
 
 
+def first_sentences(
+    items: list[Sentence], what: str, limit: int = STATIC_TABLE_ROWS
+) -> list[Sentence]:
+    """The first `limit` sentences and every error after them, then a note on how many more."""
+    if len(items) <= limit:
+        return items
+    kept = items[:limit] + [s for s in items[limit:] if s.kind == "error"]
+    more = len(items) - len(kept)
+    note = f"{more:,} more {what} like these; the text report lists every one."
+    return [*kept, Sentence(note, None, "note")]
+
+
 def table_html(table: Table, flag_column: int | None = None) -> str:
     """A bordered HTML table; rows with a non-empty `flag_column` are flagged."""
     if not table.rows:
@@ -117,16 +130,16 @@ def table_html(table: Table, flag_column: int | None = None) -> str:
 
 
 def compact_png(png: bytes, colors: int = 64) -> bytes:
-    """`png` reduced to an adaptive palette: a third of the size, for outputs saved in notebooks.
-    Returns `png` unchanged when it cannot be decoded."""
+    """`png` reduced to an adaptive palette (transparency kept): a third of the size, for outputs
+    saved in notebooks. Returns `png` unchanged when it cannot be decoded."""
     from PIL import Image  # matplotlib's own dependency; imported only for static output
 
     try:
-        image = Image.open(io.BytesIO(png)).convert("RGB")
+        image = Image.open(io.BytesIO(png)).convert("RGBA")
     except OSError:
         return png
     buffer = io.BytesIO()
-    image.quantize(colors=colors, method=Image.Quantize.MEDIANCUT).save(
+    image.quantize(colors=colors, method=Image.Quantize.FASTOCTREE).save(
         buffer, format="png", optimize=True
     )
     return buffer.getvalue() if buffer.tell() < len(png) else png
@@ -156,7 +169,8 @@ def page(
     ]
     if timeline_png:
         parts.append(png_img_html(timeline_png, "memory timeline"))
-    parts.append(sentences_html(backward_sentences(trace), "Backward calls"))
+    calls = first_sentences(backward_sentences(trace), "backward calls")
+    parts.append(sentences_html(calls, "Backward calls"))
     if graph_png:
         parts += [
             div(html.escape(graph_note), MUTED_STYLE),
@@ -170,6 +184,7 @@ def page(
 def final_tables(trace: Trace) -> list[tuple[Table, int | None]]:
     """The tables of a finished trace, each with the column whose non-empty cells are flagged."""
     return [
+        (module_table(trace), None),
         (buffer_totals(trace), None),
         (buffer_table(trace), None),
         (storage_table(trace), None),

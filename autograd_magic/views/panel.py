@@ -9,12 +9,14 @@ from __future__ import annotations
 import contextlib
 import html
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import ipywidgets as widgets
 
 from autograd_magic.analysis.layout import DEFAULT_MAX_NODES, GraphView, graph_view
 from autograd_magic.model.trace import Trace
+from autograd_magic.model.units import format_bytes
 from autograd_magic.views.figures import figure_png, graph_figure, timeline_figure
 from autograd_magic.views.html import (
     MUTED_STYLE,
@@ -27,6 +29,7 @@ from autograd_magic.views.html import (
     summary_html,
     table_html,
 )
+from autograd_magic.views.series import MIN_STEPS, sparkline_png
 from autograd_magic.views.text import (
     Table,
     backward_sentences,
@@ -35,15 +38,18 @@ from autograd_magic.views.text import (
     sentences,
 )
 
-TIMELINE_COST_GUESS_S = 0.03  # a timeline figure takes tens of milliseconds to draw
-_TAB_NAMES = ("Timeline", "Graph", "Buffers", "Storage", "Versions")
+TIMELINE_COST_GUESS_S = 0.01  # the live sparkline takes milliseconds (the figure, 0.2 s)
+NUMBERS_SHARE = 0.25  # of the live budget, for refreshes of the numbers alone
+PANEL_CLASS = "autograd-magic-panel"
+STATIC_CLASS = "autograd-magic-static"
+_TAB_NAMES = ("Timeline", "Modules", "Graph", "Buffers", "Storage", "Versions")
 
 
 class TracePanel:
     """Summary, timeline, graph, buffers, storage and versions of a trace, as widgets.
 
     Each section is an attribute whose `.value` holds what the reader sees, so tests (and
-    users) can read it: `status`, `summary`, `findings`, `timeline_image`, `calls`,
+    users) can read it: `status`, `summary`, `findings`, `timeline_note`, `timeline_image`, `calls`,
     `graph_image`, `graph_note`, `node_select`, `node_details`, `buffers`, `storage`,
     `versions`; `widget` is the whole panel.
     """
@@ -61,11 +67,14 @@ class TracePanel:
         self._tables: list[tuple[Table, int | None]] = []
         self._graph_note = ""
         self._started = time.monotonic()
-        self._spent = 0.0
+        self._spent_numbers = self._spent_timeline = 0.0
         self._timeline_cost = TIMELINE_COST_GUESS_S  # until one is drawn
+        self._drawn = False
+        self.companion = False
         html_widget = widgets.HTML
         self.status, self.summary, self.findings = html_widget(), html_widget(), html_widget()
         self.timeline_image = widgets.Image(format="png", layout={"max_width": "100%"})
+        self.timeline_note = html_widget()
         self.calls = html_widget()
         self.graph_note = html_widget()
         self.graph_image = widgets.Image(format="png", layout={"max_width": "100%"})
@@ -74,9 +83,11 @@ class TracePanel:
         )
         self.node_details = html_widget()
         self.buffers, self.storage, self.versions = html_widget(), html_widget(), html_widget()
+        self.modules = html_widget()
         self.tabs = widgets.Tab(
             children=[
-                widgets.VBox([self.timeline_image, self.calls]),
+                widgets.VBox([self.timeline_note, self.timeline_image, self.calls]),
+                self.modules,
                 widgets.VBox(
                     [self.graph_note, self.graph_image, self.node_select, self.node_details]
                 ),
@@ -87,6 +98,7 @@ class TracePanel:
             titles=_TAB_NAMES,
         )
         self.widget = widgets.VBox([self.status, self.summary, self.findings, self.tabs])
+        self.widget.add_class(PANEL_CLASS)  # lets the static copy hide beside a live panel
         self.node_select.observe(self._on_select, names="value")
         self._render(final=trace.finished, timeline=True)
 
@@ -95,18 +107,22 @@ class TracePanel:
         """Listener for `Trace.listen`: refresh the numbers, and the timeline when affordable.
 
         All live work is kept to `live_budget` of the cell's run time so far (4%: the rest of the
-        5% budget is the listener check on each torch call and the messages): a refresh
-        that would exceed it is skipped, and the timeline (tens of milliseconds to draw) is
-        redrawn only when its last cost still fits.
+        5% budget is the listener check on each torch call and the messages). The numbers may
+        use a quarter of it and the timeline the rest, so frequent cheap refreshes never starve
+        the timeline: it is redrawn mid-cell whenever its last cost fits its share.
         """
         start = time.monotonic()
         allowed = self.live_budget * (start - self._started)
-        if self._spent > allowed:
+        timeline = self._spent_timeline + self._timeline_cost <= allowed * (1 - NUMBERS_SHARE)
+        if not timeline and self._spent_numbers > allowed * NUMBERS_SHARE:
             return
-        timeline = self._spent + self._timeline_cost <= allowed
         self._render(final=False, timeline=timeline)
         self.live_renders += 1
-        self._spent += time.monotonic() - start
+        spent = time.monotonic() - start
+        if timeline:
+            self._spent_timeline += spent
+        else:
+            self._spent_numbers += spent
 
     def finish(self) -> None:
         """Render every section from the finished (or failed) trace."""
@@ -122,9 +138,14 @@ class TracePanel:
         ]
         if timeline:
             start = time.monotonic()
-            self._timeline_png = _timeline_png(trace)
+            self._timeline_png, note = _timeline_png(trace, live=not final)
+            changes.append((self.timeline_note, "value", note))
             if trace.timeline:  # the placeholder costs nothing and says nothing about the next
-                self._timeline_cost = time.monotonic() - start
+                # The cheapest draw so far: the first pays one-off costs (fonts, caches), and
+                # the envelope keeps later draws at a size-independent cost.
+                cost = time.monotonic() - start
+                self._timeline_cost = min(cost, self._timeline_cost) if self._drawn else cost
+                self._drawn = True
             changes.append((self.timeline_image, "value", self._timeline_png))
             calls = sentences_html(backward_sentences(trace), "Backward calls")
             changes.append((self.calls, "value", calls))
@@ -142,6 +163,7 @@ class TracePanel:
         self._graph_note = note
         counts = (
             len(trace.backward_calls),
+            len(trace.modules()),
             view.total_nodes,
             len(trace.buffers),
             len(trace.storage_groups()),
@@ -151,9 +173,10 @@ class TracePanel:
             (self.graph_image, "value", self._graph_png),
             (self.graph_note, "value", div(html.escape(note), MUTED_STYLE)),
             (self.node_select, "options", options),
-            (self.buffers, "value", "".join(table_html(t) for t, _ in self._tables[:2])),
-            (self.storage, "value", table_html(self._tables[2][0])),
-            (self.versions, "value", table_html(*self._tables[3])),
+            (self.modules, "value", table_html(self._tables[0][0])),
+            (self.buffers, "value", "".join(table_html(t) for t, _ in self._tables[1:3])),
+            (self.storage, "value", table_html(self._tables[3][0])),
+            (self.versions, "value", table_html(*self._tables[4])),
             (
                 self.tabs,
                 "titles",
@@ -214,22 +237,97 @@ class TracePanel:
         return page(self.trace, self._timeline_png, self._graph_png, self._graph_note, self._tables)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        """The widget view with static HTML and text fallbacks; with `companion` set (the magic
+        displays `static_copy()` beside it) only a one-line text fallback, so frontends without
+        widgets show one copy."""
         bundle = dict(self.widget._repr_mimebundle_() or {})
+        if self.companion:
+            bundle["text/plain"] = "autograd_magic panel (interactive; a static copy follows)"
+            return bundle
         bundle["text/html"] = self.static_html()
         bundle["text/plain"] = render_text(self.trace)
         return bundle
+
+    def static_copy(self) -> StaticCopy:
+        """The panel's static HTML (pictures embedded) and text report as their own output.
+
+        nbconvert renders a widget view whenever the notebook stores widget state (the default
+        of `--execute`), and that view needs a CDN: a separate output keeps findings, numbers and
+        pictures in every saved notebook. Beside a rendered live panel it hides itself (CSS)."""
+        self.companion = True
+        return StaticCopy(static_copy_html(self.static_html()), render_text(self.trace))
+
+
+class StaticCopy:
+    """An output holding only static HTML and text (see `TracePanel.static_copy`)."""
+
+    def __init__(self, html_text: str, text: str) -> None:
+        self.html, self.text = html_text, text
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return {"text/html": self.html, "text/plain": self.text}
+
+
+def static_copy_html(fragment: str) -> str:
+    """`fragment` in a block hidden where a live panel renders in the same output area
+    (JupyterLab/Notebook 7: `.jp-OutputArea`; VS Code: `.cell_container`)."""
+    hide = ", ".join(
+        f"{area}:has(.{PANEL_CLASS}) .{STATIC_CLASS}"
+        for area in (".jp-OutputArea", ".cell_container")
+    )
+    return f'<style>{hide}{{display:none}}</style><div class="{STATIC_CLASS}">{fragment}</div>'
 
 
 _EMPTY_TIMELINE: list[bytes] = []  # the "nothing recorded yet" picture, drawn once per process
 
 
-def _timeline_png(trace: Trace) -> bytes:
-    """The timeline as PNG; a panel opened on an empty trace reuses one placeholder picture."""
-    if trace.timeline:
-        return figure_png(timeline_figure(trace))
-    if not _EMPTY_TIMELINE:
-        _EMPTY_TIMELINE.append(figure_png(timeline_figure(trace)))
-    return _EMPTY_TIMELINE[0]
+def _timeline_png(trace: Trace, live: bool = False) -> tuple[bytes, str]:
+    """The timeline as PNG and a note to show above it. Live: a sparkline (milliseconds, so it
+    keeps up at every refresh) and a note giving its scales; finished: the full figure. A panel
+    opened on an empty trace reuses one placeholder picture."""
+    if not trace.timeline:
+        if not _EMPTY_TIMELINE:
+            _EMPTY_TIMELINE.append(figure_png(timeline_figure(trace)))
+        return _EMPTY_TIMELINE[0], ""
+    if not live:
+        return figure_png(timeline_figure(trace)), ""
+    return sparkline_png(trace), div(html.escape(live_timeline_note(trace)), MUTED_STYLE)
+
+
+def live_timeline_note(trace: Trace) -> str:
+    """What the live sparkline shows, with its scales: it has no axes of its own."""
+    s = trace.snapshot()
+    done = sum(1 for c in trace.backward_calls if c.end_seq is not None)
+    over = (
+        f"over {done:,} steps (backward calls) so far"
+        if done >= MIN_STEPS
+        else "over recorded events"
+    )
+    return (
+        f"Live: autograd nodes alive (blue, top: 0 to {s.peak_live_nodes:,} peak) and retained "
+        f"saved tensors (orange, bottom: 0 B to {format_bytes(s.peak_retained_bytes)} peak) "
+        f"{over}; shading spans the lowest to highest value in each pixel column. The timeline "
+        "with axes and line labels appears when the cell ends."
+    )
+
+
+def side_by_side_bundle(named: Sequence[tuple[str, Trace]]) -> dict[str, Any]:
+    """Display bundle of several finished traces: comparison tables above their panels in a row,
+    with the static side-by-side report and the comparison text as fallbacks."""
+    from autograd_magic.views.report_html import comparison_html, comparison_text, side_by_side_html
+
+    columns = [
+        widgets.VBox(
+            [widgets.HTML(f"<h3>{html.escape(name)}</h3>"), TracePanel(trace).widget],
+            layout={"flex": "1 1 0", "min_width": "0"},
+        )
+        for name, trace in named
+    ]
+    whole = widgets.VBox([widgets.HTML(comparison_html(named)), widgets.HBox(columns)])
+    bundle = dict(whole._repr_mimebundle_() or {})
+    bundle["text/html"] = side_by_side_html(named)
+    bundle["text/plain"] = comparison_text(named)
+    return bundle
 
 
 def live_panel(

@@ -5,32 +5,22 @@ The panel lowers the same `Sentence`s and `Table`s to HTML, so text and widget a
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+import re
+from collections.abc import Callable, Iterable
 
+from autograd_magic.model.records import BackwardCall, SavedBuffer, VersionBump
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import format_bytes, where
-
-MAX_TABLE_ROWS = 500
-
-
-@dataclass(frozen=True)
-class Sentence:
-    """One plain sentence for the reader; `kind` is error, finding, blindspot or note."""
-
-    text: str
-    line: int | None
-    kind: str = "finding"
-
-
-@dataclass(frozen=True)
-class Table:
-    """Rows of strings under `headers`; `note` says what was left out, never cut silently."""
-
-    title: str
-    headers: tuple[str, ...]
-    rows: tuple[tuple[str, ...], ...]
-    note: str = ""
+from autograd_magic.views.modules import module_table, top_modules_text
+from autograd_magic.views.tables import (
+    MAX_TABLE_ROWS,
+    TEXT_TABLE_ROWS,
+    Sentence,
+    Table,
+    capped,
+    cut_note,
+    table_text,
+)
 
 
 def summary_items(trace: Trace) -> list[tuple[str, str]]:
@@ -44,9 +34,10 @@ def summary_items(trace: Trace) -> list[tuple[str, str]]:
         ),
         ("Nodes created", f"{s.nodes_created:,}"),
         ("Tensors saved for backward", f"{s.buffers_saved:,}"),
-        ("Backward calls", f"{len(trace.backward_calls)}"),
+        ("Backward calls", f"{len(trace.backward_calls):,}"),
         ("Shared-storage groups", f"{len(trace.storage_groups())}"),
-        ("Version bumps (in-place writes)", f"{len(trace.version_bumps)}"),
+        ("Version bumps (in-place writes)", f"{len(trace.version_bumps):,}"),
+        *([("Most saved memory", top)] if (top := top_modules_text(trace)) else []),
     ]
 
 
@@ -101,26 +92,67 @@ def sentences(trace: Trace) -> list[Sentence]:
 
 
 def backward_sentences(trace: Trace) -> list[Sentence]:
-    """One sentence per backward()/grad call: flags, what it released, its error."""
-    out = []
+    """One sentence per line and kind of backward()/grad call (flags, what each released, its
+    error), in order of first call: a loop's 1,000 calls read as one sentence."""
+    groups: dict[tuple, list[BackwardCall]] = {}
     for call in trace.backward_calls:
-        flags = (("retain_graph", call.retain_graph), ("create_graph", call.create_graph))
-        shown = ", ".join(f"{name}=True" for name, on in flags if on)
-        where = call.site.describe()
-        line = call.site.outer_line or call.line
-        head = f"{where[0].upper()}{where[1:]}: {call.kind}({shown})"
-        if call.error_type:
-            text = f"{head} failed with {call.error_type}: {call.error}"
-            out.append(Sentence(text, line, "error"))
-            continue
+        key = (
+            call.site.describe(),
+            call.kind,
+            call.retain_graph,
+            call.create_graph,
+            call.error_type,
+            call.error,
+        )
+        groups.setdefault(key, []).append(call)
+    return [_backward_sentence(calls) for calls in groups.values()]
+
+
+def _backward_sentence(calls: list[BackwardCall]) -> Sentence:
+    call = calls[0]
+    flags = (("retain_graph", call.retain_graph), ("create_graph", call.create_graph))
+    shown = ", ".join(f"{name}=True" for name, on in flags if on)
+    at = call.site.describe()
+    line = call.site.outer_line or call.line
+    what = f"{call.kind}({shown})"
+    head = f"{at[0].upper()}{at[1:]}: " + (
+        what if len(calls) == 1 else f"{len(calls):,} {what} calls"
+    )
+    if call.error_type:
+        every = "" if len(calls) == 1 else " each"
+        return Sentence(f"{head} failed{every} with {call.error_type}: {call.error}", line, "error")
+    counts = sorted({c.released_buffers for c in calls})
+    sizes = sorted({c.released_bytes for c in calls})
+    each = "" if len(calls) == 1 else ", each"
+    if counts == [0] and sizes == [0]:
+        text = f"{head}{each} released no saved tensors"
+    elif len(calls) == 1:
         text = (
-            f"{head} released {call.released_buffers} saved tensors, freeing "
+            f"{head} released {_tensors(call.released_buffers)}, freeing "
             f"{format_bytes(call.released_bytes)} of retained memory"
         )
-        if call.retain_graph:
-            text += "; the graph was kept for another backward"
-        out.append(Sentence(text + ".", line, "note"))
-    return out
+    elif len(counts) == 1 and len(sizes) == 1:
+        text = (
+            f"{head}, each released {_tensors(counts[0])}, freeing "
+            f"{format_bytes(sizes[0])} of retained memory"
+        )
+    else:
+        total = sum(c.released_bytes for c in calls)
+        text = (
+            f"{head}, each released {_span(counts, str)} saved tensors, freeing "
+            f"{_span(sizes, format_bytes)} ({format_bytes(total)} in all)"
+        )
+    if call.retain_graph:
+        text += "; the graph was kept for another backward"
+    return Sentence(text + ".", line, "note")
+
+
+def _tensors(count: int) -> str:
+    return "1 saved tensor" if count == 1 else f"{count:,} saved tensors"
+
+
+def _span(values: list[int], show: Callable[[int], str]) -> str:
+    return show(values[0]) if len(values) == 1 else f"{show(values[0])} to {show(values[-1])}"
 
 
 def _lines(lines: Iterable[int]) -> str:
@@ -133,6 +165,15 @@ def _node_name(trace: Trace, node_id: int | None) -> str:
     return "?" if node is None else f"{node.name}#{node.id}"
 
 
+def _saved_by(trace: Trace, node_id: int | None) -> str:
+    """A readable label for a saved tensor no user variable names: `saved by addmm`."""
+    node = None if node_id is None else trace.node(node_id)
+    if node is None:
+        return "saved tensor"
+    op = node.name.removesuffix("Backward0").removesuffix("Backward1").removesuffix("Backward")
+    return f"saved by {op.lower() or node.name}"
+
+
 def _buffer_kind(buffer: object) -> str:
     if getattr(buffer, "is_parameter", False):
         return "parameter"
@@ -140,28 +181,45 @@ def _buffer_kind(buffer: object) -> str:
 
 
 def buffer_table(trace: Trace, node_ids: set[int] | None = None) -> Table:
-    """Saved tensors, still-held first then largest; restricted to `node_ids` when given."""
-    chosen = [b for b in trace.buffers if node_ids is None or b.node_id in node_ids]
-    chosen.sort(key=lambda b: (b.freed, -b.nbytes, b.id))
-    rows = tuple(
-        (
-            _node_name(trace, b.node_id),
-            b.label or "",
-            "x".join(str(d) for d in b.shape) or "scalar",
-            b.dtype,
-            b.device,
-            format_bytes(b.nbytes),
-            _buffer_kind(b),
-            f"line {b.saved_line}",
-            f"released ({where(b.freed_site)})" if b.freed else "held",
-        )
-        for b in chosen[:MAX_TABLE_ROWS]
-    )
+    """Saved tensors, still-held first then largest; restricted to `node_ids` when given.
+    Tensors alike in all but their node (a loop's steps) share one row: 'AddmmBackward0 (x1,000)'.
+    """
+    groups: dict[tuple[str, ...], list[SavedBuffer]] = {}
+    for b in trace.buffers:
+        if node_ids is None or b.node_id in node_ids:
+            groups.setdefault(_buffer_row(trace, b, with_node=False), []).append(b)
+    ordered = sorted(groups.items(), key=lambda kv: (kv[1][0].freed, -kv[1][0].nbytes, kv[1][0].id))
+    rows = []
+    for key, members in ordered[:MAX_TABLE_ROWS]:
+        if len(members) == 1:
+            rows.append(_buffer_row(trace, members[0], with_node=True))
+        else:
+            node = trace.node(members[0].node_id) if members[0].node_id is not None else None
+            name = "?" if node is None else node.name
+            rows.append((f"{name} (x{len(members):,})", *key[1:5], f"{key[5]} each", *key[6:]))
+    total = sum(len(m) for m in groups.values())
     note = ""
-    if len(chosen) > MAX_TABLE_ROWS:
-        note = f"Showing the first {MAX_TABLE_ROWS} of {len(chosen):,} saved tensors."
+    if len(groups) > MAX_TABLE_ROWS:
+        note = (
+            f"Showing the first {MAX_TABLE_ROWS} of {len(groups):,} rows ({total:,} saved tensors)."
+        )
     headers = ("node", "tensor", "shape", "dtype", "device", "bytes", "kind", "saved", "state")
-    return Table("Saved tensors", headers, rows, note)
+    return Table("Saved tensors", headers, tuple(rows), note)
+
+
+def _buffer_row(trace: Trace, b: SavedBuffer, with_node: bool) -> tuple[str, ...]:
+    node = _node_name(trace, b.node_id) if with_node else ""
+    return (
+        node,
+        b.label or _saved_by(trace, b.node_id),
+        "x".join(str(d) for d in b.shape) or "scalar",
+        b.dtype,
+        b.device,
+        format_bytes(b.nbytes),
+        _buffer_kind(b),
+        f"line {b.saved_line}",
+        f"released ({where(b.freed_site)})" if b.freed else "held",
+    )
 
 
 def buffer_totals(trace: Trace) -> Table:
@@ -191,23 +249,29 @@ def storage_table(trace: Trace) -> Table:
             rows.append((f"group {number}", member, group.how.get(member, ""), "shares memory"))
         for copy, source in group.copies.items():
             rows.append((f"group {number}", copy, f"copy of {source}", "own memory (copy)"))
-    return Table("Storage groups", ("group", "tensor / array", "how it joined", "memory"), rows)
+    headers = ("group", "tensor / array", "how it joined", "memory")
+    return Table("Storage groups", headers, tuple(rows[:MAX_TABLE_ROWS]), cut_note(len(rows)))
 
 
 def versions_table(trace: Trace) -> Table:
-    """In-place writes grouped per tensor, in order; writes that bypass the counter flagged."""
-    bumps = sorted(trace.version_bumps, key=lambda v: (v.label, v.seq))
-    rows = []
-    for bump in bumps:
+    """In-place writes grouped per tensor, op and line, in order; a loop's repeated writes share
+    one row ('1 -> 1001 (1,000 writes)'); writes that bypass the counter flagged."""
+    groups: dict[tuple[str, ...], list[VersionBump]] = {}
+    for bump in sorted(trace.version_bumps, key=lambda v: (_natural(v.label), v.seq)):
         if bump.bypass:
             via = f" through {bump.bypassed}" if bump.bypassed else ""
             flag = f"BYPASS{via}: version unchanged, autograd cannot see this write"
         else:
             flag = ""
-        affected = ", ".join(bump.affected)
-        hit = str(len(bump.hit_buffers)) if bump.hit_buffers else ""
-        version = f"{bump.old} -> {bump.new}"
-        rows.append((bump.label, bump.op, where(bump.site), version, affected, hit, flag))
+        key = (bump.label, bump.op, where(bump.site), ", ".join(bump.affected), flag)
+        groups.setdefault(key, []).append(bump)
+    rows = []
+    for (label, op, at, affected, flag), bumps in groups.items():
+        version = f"{bumps[0].old} -> {bumps[-1].new}"
+        if len(bumps) > 1:
+            version += f" ({len(bumps):,} writes)"
+        hits = sum(len(b.hit_buffers) for b in bumps)
+        rows.append((label, op, at, version, affected, str(hits) if hits else "", flag))
     headers = (
         "tensor",
         "op",
@@ -217,28 +281,17 @@ def versions_table(trace: Trace) -> Table:
         "saved tensors hit",
         "warning",
     )
-    return Table("Version bumps", headers, tuple(rows))
+    return Table("Version bumps", headers, tuple(rows[:MAX_TABLE_ROWS]), cut_note(len(rows)))
 
 
-def table_text(table: Table) -> str:
-    """A column-aligned plain-text table with its title and note."""
-    if not table.rows:
-        return f"{table.title}: none"
-    widths = [len(h) for h in table.headers]
-    for row in table.rows:
-        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
-    lines = [f"{table.title}:"]
-    for row in (table.headers, *table.rows):
-        lines.append(
-            "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-        )
-    if table.note:
-        lines.append(f"  ({table.note})")
-    return "\n".join(lines)
+def _natural(label: str) -> tuple:
+    """Sort key reading the numbers in a label as numbers: tensor#9 before tensor#10."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", label))
 
 
 def render_text(trace: Trace) -> str:
-    """The whole report as plain text: summary, sentences, backward calls and every table."""
+    """The whole report as plain text: summary, sentences, backward calls (grouped by line) and
+    every table, each cut to `TEXT_TABLE_ROWS` rows with a note saying so."""
     state = "error" if trace.error else ("finished" if trace.finished else "running")
     parts = [f"autograd_magic trace ({state})"]
     parts.append("\n".join(f"  {label}: {value}" for label, value in summary_items(trace)))
@@ -249,10 +302,11 @@ def render_text(trace: Trace) -> str:
     if calls:
         parts.append("Backward calls:\n" + "\n".join(f"  - {s.text}" for s in calls))
     for table in (
+        module_table(trace),
         buffer_totals(trace),
         buffer_table(trace),
         storage_table(trace),
         versions_table(trace),
     ):
-        parts.append(table_text(table))
+        parts.append(table_text(capped(table, TEXT_TABLE_ROWS)))
     return "\n\n".join(parts) + "\n"

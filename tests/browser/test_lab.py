@@ -306,6 +306,50 @@ def min_contrast(widget: Any) -> float:
     return float(widget.evaluate(CONTRAST_JS))
 
 
+# The <img>'s own PNG (base64) and the background colour it is drawn on in the page.
+IMAGE_JS = """
+async img => {
+  const bytes = new Uint8Array(await (await fetch(img.src)).arrayBuffer());
+  let text = '';
+  for (const b of bytes) text += String.fromCharCode(b);
+  for (let el = img; el; el = el.parentElement) {
+    const c = (getComputedStyle(el).backgroundColor.match(/[\\d.]+/g) || []).map(Number);
+    if (c.length === 3 || (c.length === 4 && c[3] > 0.5)) return [btoa(text), c.slice(0, 3)];
+  }
+  return [btoa(text), [255, 255, 255]];
+}
+"""
+
+
+def plot_contrast(img: Any) -> tuple[float, float]:
+    """For the picture as the page shows it (its PNG over the page's background): (luminance
+    of the background, the best contrast against it among colours covering at least 0.2% of the
+    picture: how well its axes, text and lines stand out; anti-aliased edges do not count)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    data, colour = img.evaluate(IMAGE_JS)
+    picture = Image.open(io.BytesIO(base64.b64decode(data))).convert("RGBA")
+    behind = Image.new("RGBA", picture.size, (*map(int, colour), 255))
+    image = Image.alpha_composite(behind, picture).convert("RGB")
+
+    def lum(rgb: tuple[int, ...]) -> float:
+        def f(c: float) -> float:
+            c /= 255
+            return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+
+        r, g, b = rgb[:3]
+        return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b)
+
+    back = lum(tuple(int(c) for c in colour))
+    counts = image.getcolors(image.width * image.height)
+    solid = [c for n, c in counts if n >= 0.002 * image.width * image.height]
+    best = max((max(lum(c), back) + 0.05) / (min(lum(c), back) + 0.05) for c in solid)
+    return back, best
+
+
 def expected_numbers() -> dict[str, str]:
     """The leaky cell's headline numbers, from running its code under track() in-process."""
     import autograd_magic
@@ -362,6 +406,11 @@ def test_quickstart_panel_renders_in_jupyterlab(lab: Lab, page: Any, tmp_path: P
         # AND the panel's tabs are there
         for tab in ("Timeline", "Graph", "Buffers", "Storage", "Versions"):
             assert tab in leaky
+        # AND the static copy saved beside each panel hides itself next to the live widget
+        statics = page.locator(".autograd-magic-static")
+        statics.nth(len(PANEL_TRACES) - 1).wait_for(state="attached", timeout=30_000)
+        assert statics.count() == len(PANEL_TRACES)
+        assert not any(statics.nth(i).is_visible() for i in range(statics.count()))
         # Save the picture of the leaky panel (the README's, when asked for)
         screenshot = Path(os.environ.get("AUTOGRAD_MAGIC_SCREENSHOT") or tmp_path / "panel.png")
         widget = page.locator(WIDGET_OUTPUT).filter(has_text="autograd_magic").first
@@ -372,6 +421,9 @@ def test_quickstart_panel_renders_in_jupyterlab(lab: Lab, page: Any, tmp_path: P
         print(f"panel screenshot: {screenshot}")
         # AND after switching JupyterLab to its dark theme every visible text stays readable
         assert min_contrast(widget) >= 4.5
+        background, ink = plot_contrast(widget.locator("img").first)
+        print(f"light-theme timeline: background luminance {background:.2f}, ink {ink:.2f}:1")
+        assert background > 0.8 and ink >= 3.0, (background, ink)
         menu(page, "Settings", "Theme")
         page.locator(".lm-Menu-itemLabel", has_text=re.compile("^JupyterLab Dark$")).click()
         page.wait_for_function("document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
@@ -380,6 +432,11 @@ def test_quickstart_panel_renders_in_jupyterlab(lab: Lab, page: Any, tmp_path: P
         widget.screenshot(path=str(tmp_path / "panel-dark.png"))
         print(f"lowest text contrast: dark theme {dark:.2f}")
         assert dark >= 4.5, f"contrast {dark:.2f} in the dark theme"
+        # AND the timeline picture is no white rectangle: dark behind, its text still readable
+        background, ink = plot_contrast(widget.locator("img").first)
+        print(f"dark-theme timeline: background luminance {background:.2f}, ink {ink:.2f}:1")
+        assert background < 0.2, f"the plot's background is light ({background:.2f})"
+        assert ink >= 3.0, f"the plot's text and lines reach only {ink:.2f}:1"
     finally:
         after = hashlib.sha256(notebook.read_bytes()).hexdigest()
         assert after == before, f"{NOTEBOOK} was modified by the browser session"

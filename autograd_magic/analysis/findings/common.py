@@ -6,7 +6,7 @@ import bisect
 import linecache
 from collections.abc import Container, Iterable
 
-from autograd_magic.model.records import NodeRecord, SavedBuffer, Site
+from autograd_magic.model.records import Finding, NodeRecord, SavedBuffer, Site
 from autograd_magic.model.trace import Trace
 
 FREED_TWICE = "backward through the graph a second time"
@@ -48,6 +48,10 @@ class RecordIndex:
             if buffer.node_id is not None:
                 self.buffers_by_node.setdefault(buffer.node_id, []).append(buffer)
         self.backward_seqs = [call.seq for call in trace.backward_calls]
+        # Set by graph-growth: the carried variable and its line, the root cause that
+        # retained-graph and the optimizer's in-place findings then name as theirs.
+        self.carried: tuple[str, int] | None = None
+        self.consequences: list[Finding] = []
 
     def epoch(self, seq: int) -> int:
         """How many backward calls started before `seq`: the training iteration it belongs to."""
@@ -99,3 +103,22 @@ def line_list(lines: Iterable[int]) -> str:
         ordered = [*ordered[:3], ordered[-1]]
         return ", ".join(str(x) for x in ordered[:3]) + f", ... {ordered[-1]}"
     return ", ".join(str(x) for x in ordered)
+
+
+def name_list(names: Iterable[str], noun: str) -> str:
+    """'a, b, c' or 'a, b, ... (5 parameters)' for many names of one kind."""
+    unique = list(dict.fromkeys(names))
+    if len(unique) <= 3:
+        return ", ".join(unique)
+    return f"{unique[0]}, {unique[1]}, ... ({len(unique)} {noun})"
+
+
+def because(graph: RecordIndex) -> str:
+    """'Because `h` carries the previous iteration's graph (line 16), ' or '' without a cause."""
+    if graph.carried is None:
+        return ""
+    holder, line = graph.carried
+    return (
+        f"Because `{holder}` carries the previous iteration's graph (line {line}, the first "
+        f"finding), "
+    )

@@ -3,12 +3,14 @@ backward-through-freed and unused-graph."""
 
 from __future__ import annotations
 
+import linecache
 import re
 from collections import Counter
 
 from autograd_magic.analysis.findings.common import (
     FREED_TWICE,
     RecordIndex,
+    because,
     line_list,
     quoted_code,
     quoted_source,
@@ -73,16 +75,19 @@ def _kept_alive_chain(path: str, root: NodeRecord, graph: RecordIndex) -> Findin
 def _kept_alive_container(path: str, roots: list[NodeRecord], graph: RecordIndex) -> Finding | None:
     """Container elements or object attributes holding graphs after a backward used them."""
     nodes = graph.live_reach(n.id for n in roots)
-    if all(graph.node(i).name == ACCUMULATE_GRAD for i in nodes):
+    if all((n := graph.node(i)) is not None and n.name == ACCUMULATE_GRAD for i in nodes):
         return None
     used = any((n := graph.node(i)) is not None and n.reached_by is not None for i in nodes) or any(
         graph.epoch(r.born_seq) < len(graph.backward_seqs) for r in roots
     )
-    if not used and len(roots) < 2:
-        return None
     nbytes = retained_bytes_of(graph.buffers_of(nodes, live=True))
+    grows = len({graph.epoch(r.born_seq) for r in roots}) > 1 or (not used and len(roots) > 1)
+    # The last iteration's own result holding its own, already released graph is normal.
+    if not grows and not (used and nbytes):
+        return None
     first = min(roots, key=lambda n: n.born_seq)
-    line = cell_line(first.born_site)
+    computed = cell_line(first.born_site)
+    line = _reference_line(graph.trace, path, computed)
     saved = (
         f", {format_bytes(nbytes)} of saved tensors"
         if nbytes
@@ -93,20 +98,58 @@ def _kept_alive_container(path: str, roots: list[NodeRecord], graph: RecordIndex
         if len(roots) > 1
         else "a tensor that still carries its autograd graph"
     )
+    taken = f"line {line}{_quoted_line(graph.trace, line)} keeps " if line != computed else ""
     message = (
-        f"`{path}` holds {what} ({len(nodes)} nodes{saved}), computed at line {line}"
-        f"{quoted_source(first.born_site)}; the graphs stay in memory as long as `{path}` does. "
-        f"Keep `.item()` or `.detach()` of the value instead of the tensor itself."
+        f"`{path}` holds {what} ({len(nodes)} nodes{saved}): {taken}what line {computed}"
+        f"{quoted_source(first.born_site)} computed; the graphs stay in memory as long as "
+        f"`{path}` does. Keep `.item()` or `.detach()` of the value instead of the tensor itself."
     )
     related = tuple(sorted({cell_line(r.born_site) for r in roots} - {line}))
     return Finding("kept-alive", message, line, related, path, nbytes)
 
 
+def _traced_file(trace: Trace) -> tuple[str, int, int] | None:
+    """The traced code's file and the first and last of its lines that the trace saw."""
+    sites = [n.born_site for n in trace.nodes] + [c.site for c in trace.backward_calls]
+    sites += [b.site for b in trace.version_bumps]
+    top = [s for s in sites if s.outer_line is None and s.line > 0]
+    if not top:
+        return None
+    file = Counter(s.file for s in top).most_common(1)[0][0]
+    lines = [s.line for s in top if s.file == file]
+    return file, min(lines), max(lines)
+
+
+def _reference_line(trace: Trace, path: str, computed: int) -> int:
+    """The traced line that stores into the container `path` (`losses.append(loss)`), else
+    `computed`. Read from the source, since storing into a list is no autograd event."""
+    if "[" in path or "." in path or (found := _traced_file(trace)) is None:
+        return computed
+    file, first, last = found
+    store = re.compile(
+        rf"(?<![\w.]){re.escape(path)}\s*(\.(append|extend|insert|add)\(|\[[^\]]*\]\s*=[^=]|\+=)"
+    )
+    hits = [
+        n
+        for n in range(first, last + 10)
+        if store.search(linecache.getline(file, n).split("#", 1)[0])
+    ]
+    after = [n for n in hits if n >= computed]
+    return (after or hits or [computed])[0]
+
+
+def _quoted_line(trace: Trace, line: int) -> str:
+    found = _traced_file(trace)
+    text = linecache.getline(found[0], line).strip() if found else ""
+    return f" (`{text}`)" if text else ""
+
+
 # ----- graph-growth, retained-graph, backward-through-freed -----------------------------
 def graph_growth(trace: Trace, graph: RecordIndex) -> list[Finding]:
-    """Backward after backward walks nodes of earlier iterations, and the graph keeps growing."""
-    calls = [c for c in trace.backward_calls if c.earlier_nodes > 0 and c.error is None]
-    if len(calls) < 2 or calls[-1].graph_nodes <= calls[0].graph_nodes:
+    """A value carried across iterations links each new graph to the one an earlier backward
+    walked: the root cause of a growing graph, of retain_graph=True and of the optimizer error."""
+    calls = [c for c in trace.backward_calls if c.earlier_nodes > 0 and not _freed_twice(c)]
+    if not calls:
         return []
     carried = _carried_sites(trace, graph)
     if not carried:
@@ -114,25 +157,46 @@ def graph_growth(trace: Trace, graph: RecordIndex) -> list[Finding]:
     site = carried.most_common(1)[0][0]
     line = cell_line(site)
     holder = _carried_holder(trace, graph, site) or "the carried value"
-    retain = any(c.retain_graph for c in calls)
-    message = (
-        f"Each iteration's graph links to the previous one through `{holder}` (computed at line "
-        f"{line}{quoted_source(site)}): the backward at line {cell_line(calls[-1].site)} walked "
-        f"{calls[-1].earlier_nodes} nodes from earlier iterations, and the graph grew from "
-        f"{calls[0].graph_nodes} to {calls[-1].graph_nodes} nodes over {len(calls) + 1} backward "
-        f"calls. Detach the carried value once per iteration (`{_detached(trace, holder)}` "
-        f"before it is used again)"
-        + (", then retain_graph=True is no longer needed." if retain else ".")
+    retain = any(c.retain_graph for c in trace.backward_calls)
+    ok = [c for c in calls if c.error is None]
+    grew = (
+        f", and the graph grew from {ok[0].graph_nodes} to {ok[-1].graph_nodes} nodes over "
+        f"{len(ok) + 1} backward calls"
+        if len(ok) > 1 and ok[-1].graph_nodes > ok[0].graph_nodes
+        else ""
     )
-    related = tuple(sorted({cell_line(c.site) for c in calls}))
+    message = (
+        f"Each iteration's graph links to the previous one through `{holder}`, carried at line "
+        f"{line}{quoted_source(site)}: the backward at line {cell_line(calls[-1].site)} walked "
+        f"{calls[-1].earlier_nodes} nodes from earlier iterations{grew}. Detach the carried "
+        f"value once per iteration, before it is used again: `{_detached(trace, holder)}`"
+        + (
+            "; then retain_graph=True is no longer needed and the optimizer's updates no longer "
+            "break the next backward."
+            if retain
+            else "."
+        )
+    )
+    related = tuple(sorted({cell_line(c.site) for c in calls} - {line}))
+    graph.carried = (holder, line)
     return [Finding("graph-growth", message, line, related, holder, trace.peak_retained_bytes)]
 
 
+def _freed_twice(call) -> bool:
+    return call.error is not None and FREED_TWICE in call.error
+
+
 def _carried_sites(trace: Trace, graph: RecordIndex) -> Counter[Site]:
-    """Sites of values computed in one iteration and consumed in a later one."""
+    """Sites of values that an earlier backward walked and a later iteration consumed again."""
     carried: Counter[Site] = Counter()
+    first_walk: dict[int, int] = {}
+    site_epochs: dict[Site, set[int]] = {}
+    for node in trace.nodes:
+        site_epochs.setdefault(node.born_site, set()).add(graph.epoch(node.born_seq))
     for node in trace.nodes:
         epoch = graph.epoch(node.born_seq)
+        if node.reached_by is None:  # an accumulator (`total += loss`) no backward walks
+            continue
         for child_id in node.next_ids:
             child = graph.node(child_id)
             if (
@@ -140,9 +204,36 @@ def _carried_sites(trace: Trace, graph: RecordIndex) -> Counter[Site]:
                 and child.name != ACCUMULATE_GRAD
                 and not child.existed_before
                 and graph.epoch(child.born_seq) < epoch
+                # A value fed forward before any backward walked its graph (a GAN's `fake`) is
+                # one iteration's graph, not a carried one.
+                and _first_walk(graph, child.id, first_walk) < epoch
+                # The line that made it ran again in this iteration (`h = rnn(x, h)`): not one
+                # forward feeding two backwards one after the other.
+                and epoch in site_epochs[child.born_site]
             ):
                 carried[child.born_site] += 1
     return carried
+
+
+def _first_walk(graph: RecordIndex, root_id: int, memo: dict[int, int]) -> int:
+    """The first backward that walked any node under `root_id` (a large number if none did)."""
+    never = len(graph.backward_seqs) + 1
+    stack = [root_id]
+    while stack:
+        node_id = stack[-1]
+        node = graph.node(node_id)
+        if node_id in memo or node is None or node.name == ACCUMULATE_GRAD:
+            memo.setdefault(node_id, never)
+            stack.pop()
+            continue
+        todo = [c for c in node.next_ids if c not in memo]
+        if todo:
+            stack.extend(todo)
+            continue
+        own = never if node.reached_by is None else node.reached_by
+        memo[node_id] = min([own, *(memo[c] for c in node.next_ids)])
+        stack.pop()
+    return memo[root_id]
 
 
 def _carried_holder(trace: Trace, graph: RecordIndex, site: Site) -> str | None:
@@ -178,27 +269,42 @@ def retained_graph(trace: Trace, graph: RecordIndex) -> list[Finding]:
     """`retain_graph=True` calls whose kept buffers no later backward released."""
     by_line: dict[int, list] = {}
     for call in trace.backward_calls:
-        if call.retain_graph and call.error is None and call.reached:
+        if call.retain_graph:
             by_line.setdefault(cell_line(call.site), []).append(call)
     findings = []
-    for line, calls in by_line.items():
+    for line, every in by_line.items():
+        calls = [c for c in every if c.error is None and c.reached]
         kept = graph.buffers_of({n for c in calls for n in c.reached}, live=True)
         nbytes = retained_bytes_of(kept)
         if not nbytes:
             continue
         holder = _root_name(trace, calls[-1].root_ids)
-        times = f" (called {len(calls)} times)" if len(calls) > 1 else ""
+        # Every call counts, the one that raised too: the user ran the line that many times.
+        times = f" (called {len(every)} times)" if len(every) > 1 else ""
         keeper = f" as long as `{holder}` is alive" if holder else " until the graph is dropped"
-        message = (
-            f"backward(retain_graph=True) at {calls[-1].site.describe()}{times}"
-            f"{quoted_code(calls[-1].site)} kept "
+        kept_text = (
             f"{format_bytes(nbytes)} of saved tensors ({len(kept)} buffers, saved at line "
             f"{line_list(cell_line(b.saved_site) for b in kept)}) that no later backward released; "
-            f"they stay in memory{keeper}. If you backpropagate once, drop retain_graph=True; "
-            f"for several losses, sum them and call backward once."
+            f"they stay in memory{keeper}."
         )
+        call_text = f"{calls[-1].site.describe()}{times}{quoted_code(calls[-1].site)}"
+        if graph.carried is not None:
+            message = (
+                f"{because(graph)}each backward reaches back into it, which is why "
+                f"backward(retain_graph=True) at {call_text} seemed needed. It kept {kept_text} "
+                f"Once `{graph.carried[0]}` is detached, drop retain_graph=True."
+            )
+        else:
+            message = (
+                f"backward(retain_graph=True) at {call_text} kept {kept_text} If you "
+                f"backpropagate once, drop retain_graph=True; for several losses, sum them and "
+                f"call backward once."
+            )
         related = tuple(sorted({cell_line(b.saved_site) for b in kept}))
-        findings.append(Finding("retained-graph", message, line, related, holder, nbytes))
+        finding = Finding("retained-graph", message, line, related, holder, nbytes)
+        if graph.carried is not None:
+            graph.consequences.append(finding)
+        findings.append(finding)
     return findings
 
 
@@ -297,8 +403,8 @@ def _freed_twice_fix(
             "Pass retain_graph=True to the earlier backward, or sum the losses and call backward "
             "once."
         )
-    holder = _widest_holder(trace, graph, shared)
-    value = f"`{holder}`" if holder else "it"
+    widest = _widest_holder(trace, graph, shared)
+    value = f"`{widest}`" if widest else "it"
     lines = line_list({cell_line(n.born_site) for n in shared})
     return (
         f"The shared part was built once (line {lines}) and is reused by every later "
@@ -402,15 +508,24 @@ def _unused_finding(
     trace: Trace, line: int, roots: list[NodeRecord], freed: list[NodeRecord], peak: int
 ) -> Finding:
     site = roots[0].born_site
+    ids = {r.id for r in roots}
+    paths = [h.path for h in trace.holders if h.node_id in ids]
+    # An attribute or a container (`crit.loss` set in a forward) is the holder a user would miss.
+    holder = next((p for p in paths if "." in p or "[" in p), paths[0] if paths else None)
+    held = (
+        f" `{holder}` still holds {'the last' if len(roots) > 1 else 'it'}."
+        if holder and any(r.alive for r in roots)
+        else ""
+    )
     if not trace.backward_calls:
         message = (
             f"Line {line}{quoted_source(site)} built {len(roots)} autograd graph"
             f"{'s' if len(roots) > 1 else ''} that no backward used, saving up to "
             f"{format_bytes(peak)} of tensors each for a backward that never came. For inference, "
             f"run it under `with torch.no_grad():` (or `torch.inference_mode()`); if you call "
-            f"backward later, in another cell, ignore this."
+            f"backward later, in another cell, ignore this.{held}"
         )
-        return Finding("unused-graph", message, line, (), None, peak)
+        return Finding("unused-graph", message, line, (), holder, peak)
     freed_at = Counter(cell_line(r.freed_site) for r in freed if r.freed_site is not None)
     where = freed_at.most_common(1)[0][0] if freed_at else None
     many = len(roots) > 1
@@ -428,4 +543,4 @@ def _unused_finding(
         f"those values, compute them under `torch.no_grad()`."
     )
     related = tuple(sorted(set(freed_at) - {line}))
-    return Finding("unused-graph", message, line, related, None, peak)
+    return Finding("unused-graph", message + held, line, related, holder, peak)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 from autograd_magic.analysis.findings.common import (
     INPLACE_ERROR,
     RecordIndex,
+    because,
     line_list,
+    name_list,
     quoted_source,
     source_of,
 )
@@ -15,8 +19,9 @@ from autograd_magic.model.units import cell_line
 
 
 # ----- writes ----------------------------------------------------------------------------
-def _saved_description(graph: RecordIndex, bump: VersionBump) -> tuple[str, tuple[int, ...]]:
-    buffers = [b for b in map(graph.trace.buffer, bump.hit_buffers) if b is not None]
+def _saved_description(graph: RecordIndex, bumps: list[VersionBump]) -> tuple[str, tuple[int, ...]]:
+    hit = [i for bump in bumps for i in bump.hit_buffers]
+    buffers = [b for b in map(graph.trace.buffer, hit) if b is not None]
     owners = sorted({n.name for b in buffers if b.node_id and (n := graph.node(b.node_id))})
     lines = tuple(sorted({cell_line(b.saved_site) for b in buffers}))
     who = " and ".join(owners) if owners else "autograd"
@@ -24,33 +29,58 @@ def _saved_description(graph: RecordIndex, bump: VersionBump) -> tuple[str, tupl
 
 
 def inplace_on_saved(trace: Trace, graph: RecordIndex) -> list[Finding]:
-    """In-place writes to a tensor a live graph saved: the next backward through it will fail."""
+    """In-place writes to a tensor a live graph saved: the next backward through it will fail.
+    One optimizer step that updates many saved parameters is one finding naming them all."""
     findings, seen = [], set()
+    steps: dict[int, list[VersionBump]] = {}
     for bump in trace.version_bumps:
         key = (cell_line(bump.site), bump.label)
         if not bump.hit_buffers or bump.bypass or key in seen:
             continue
         seen.add(key)
-        saved, lines = _saved_description(graph, bump)
-        optimizer = bump.op.startswith("_foreach") or "step(" in source_of(bump.site)
-        if optimizer:
-            fix = (
-                "The optimizer updated the weights while a retained graph still needs their old "
-                "values: run every backward before optimizer.step(), or redo the forward after it."
-            )
-        else:
-            fix = (
-                "Use the out-of-place form (`x = x + 1`, `torch.relu(x)` / inplace=False), or "
-                "`.clone()` the tensor before writing to it."
-            )
+        if bump.op.startswith("_foreach") or "step(" in source_of(bump.site):
+            steps.setdefault(key[0], []).append(bump)
+            continue
+        saved, lines = _saved_description(graph, [bump])
         message = (
             f"In-place `{bump.op}` on `{bump.label}` at line {key[0]}"
             f"{quoted_source(bump.site)} changed a tensor that {saved}; a backward through that "
-            f"graph will fail with "
-            f"{INPLACE_ERROR}. {fix}"
+            f"graph will fail with {INPLACE_ERROR}. Use the out-of-place form (`x = x + 1`, "
+            f"`torch.relu(x)` / inplace=False), or `.clone()` the tensor before writing to it."
         )
         findings.append(Finding("inplace-on-saved", message, key[0], lines, bump.label, 0))
+    findings += [_optimizer_step(graph, line, bumps) for line, bumps in steps.items()]
     return findings
+
+
+def _optimizer_step(graph: RecordIndex, line: int, bumps: list[VersionBump]) -> Finding:
+    """One finding for every saved parameter one optimizer step updated."""
+    site = bumps[0].site
+    saved, lines = _saved_description(graph, bumps)
+    names = name_list((b.label for b in bumps), "parameters")
+    what = f"`{names}`" if len(bumps) == 1 else names
+    match = re.search(r"([\w.]+)\.step\(", source_of(site))
+    holder = match.group(1) if match else bumps[0].label
+    done = (
+        f"the optimizer step at line {line}{quoted_source(site)} updated {what} in place, "
+        f"tensors that {saved}"
+    )
+    if graph.carried is not None:
+        message = (
+            f"{because(graph)}the next backward reaches back into that graph: {done}, so it "
+            f"fails with {INPLACE_ERROR}. Detaching `{graph.carried[0]}` fixes this too."
+        )
+    else:
+        message = (
+            f"{done[0].upper()}{done[1:]}; a backward through that graph will fail with "
+            f"{INPLACE_ERROR}. The "
+            f"optimizer updated the weights while a retained graph still needs their old "
+            f"values: run every backward before optimizer.step(), or redo the forward after it."
+        )
+    finding = Finding("inplace-on-saved", message, line, lines, holder, 0)
+    if graph.carried is not None:
+        graph.consequences.append(finding)
+    return finding
 
 
 def shared_write(trace: Trace, graph: RecordIndex) -> list[Finding]:
@@ -89,7 +119,7 @@ def data_bypass(trace: Trace, graph: RecordIndex) -> list[Finding]:
     for bump in trace.version_bumps:
         if not (bump.bypass and bump.hit_buffers):
             continue
-        saved, lines = _saved_description(graph, bump)
+        saved, lines = _saved_description(graph, [bump])
         line = cell_line(bump.site)
         target = f"`{bump.bypassed}`" if bump.bypassed else "a tensor"
         if bump.op == "numpy write":

@@ -1,0 +1,71 @@
+"""Memory by module: what each nn.Module's ops created and saved for backward, from the records.
+
+Saved bytes count tensors saved for backward that the graph owns (not leaves or parameters,
+whose memory outlives the graph), by `SavedBuffer.nbytes`, so the root module's `saved_bytes`
+is the sum of the buffers attributed to it. Records beyond the record cap are not counted.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autograd_magic.model.records import ModuleStats
+
+if TYPE_CHECKING:
+    from autograd_magic.model.trace import Trace
+
+
+def _ancestors(path: str) -> list[str]:
+    """'a.b.c' -> ['a', 'a.b', 'a.b.c']."""
+    parts = path.split(".")
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def module_stats(trace: Trace) -> list[ModuleStats]:
+    """One entry per module that ran (or owns records), largest `saved_bytes` first."""
+    paths = set(trace.module_calls)
+    nodes: dict[str, int] = {}
+    for node in trace.nodes:
+        if node.module is not None:
+            nodes[node.module] = nodes.get(node.module, 0) + 1
+            paths.add(node.module)
+    own: dict[str, int] = {}
+    events: dict[str, list[tuple[int, int]]] = {}
+    for buffer in trace.buffers:
+        if buffer.module is None or buffer.is_leaf:
+            continue
+        paths.add(buffer.module)
+        own[buffer.module] = own.get(buffer.module, 0) + buffer.nbytes
+        for path in _ancestors(buffer.module):
+            timeline = events.setdefault(path, [])
+            timeline.append((buffer.saved_seq, buffer.nbytes))
+            if buffer.freed_seq is not None:
+                timeline.append((buffer.freed_seq, -buffer.nbytes))
+    total: dict[str, int] = {}
+    created: dict[str, int] = {}
+    for path in paths:
+        for ancestor in _ancestors(path):
+            total[ancestor] = total.get(ancestor, 0) + own.get(path, 0)
+            created[ancestor] = created.get(ancestor, 0) + nodes.get(path, 0)
+    stats = [
+        ModuleStats(
+            path=path,
+            type=trace.module_types.get(path, ""),
+            calls=trace.module_calls.get(path, 0),
+            nodes_created=created.get(path, 0),
+            saved_bytes=total.get(path, 0),
+            self_saved_bytes=own.get(path, 0),
+            peak_retained_bytes=_peak(events.get(path, [])),
+        )
+        for path in {a for p in paths for a in _ancestors(p)}
+    ]
+    return sorted(stats, key=lambda m: (-m.saved_bytes, m.path))
+
+
+def _peak(events: list[tuple[int, int]]) -> int:
+    """The largest running sum of (sequence, +bytes saved / -bytes released) events."""
+    level = peak = 0
+    for _, delta in sorted(events):
+        level += delta
+        peak = max(peak, level)
+    return peak

@@ -1,0 +1,102 @@
+"""Which `nn.Module` call each op happens in: global forward pre/post hooks for the block only.
+
+The hooks return None (they never change inputs or outputs) and hold modules weakly. A module's
+path is relative to the outermost module being called (`<0>.transformer.h.1.mlp`); the root's
+own name (`model`) is found in the user's namespace when the block ends (`root_placeholders`).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.nn.modules import module as nn_module
+
+if TYPE_CHECKING:
+    from autograd_magic.recorder.writer import TraceWriter
+
+_is_compiling = torch.compiler.is_compiling
+# Ids of the global hooks that live trackers registered, and torch's own "is there any global
+# module hook?" check, which `torch.compile`d modules use to warn: ours must not count there,
+# or tracked code would warn where untracked code does not.
+_OUR_HOOKS: set[int] = set()
+_original_has_any_global_hook = nn_module._has_any_global_hook
+_WRAPPED = "OptimizedModule"  # torch.compile's wrapper: its inner module's call is the real one
+
+
+def _has_any_global_hook_but_ours() -> bool:
+    tables = (
+        nn_module._global_backward_pre_hooks,
+        nn_module._global_backward_hooks,
+        nn_module._global_forward_pre_hooks,
+        nn_module._global_forward_hooks,
+    )
+    return any(key not in _OUR_HOOKS for table in tables for key in table)
+
+
+class ModuleTracker:
+    """Keeps the stack of module calls and tells the writer the innermost one's path."""
+
+    def __init__(self, writer: TraceWriter) -> None:
+        self._writer = writer
+        self._stack: list[str] = []
+        self._roots: list[tuple[weakref.ref[Any], dict[int, str]]] = []
+        self._handles: list[Any] = []
+
+    def install(self) -> None:
+        """Register the global hooks (removed by `remove`)."""
+        nn_module._has_any_global_hook = _has_any_global_hook_but_ours
+        self._handles.append(nn_module.register_module_forward_pre_hook(self._enter))
+        self._handles.append(nn_module.register_module_forward_hook(self._leave, always_call=True))
+        _OUR_HOOKS.update(handle.id for handle in self._handles)
+
+    def remove(self) -> None:
+        """Unregister the hooks; the stack is left as it is (a block can end mid-forward)."""
+        for handle in self._handles:
+            handle.remove()
+            _OUR_HOOKS.discard(handle.id)
+        self._handles.clear()
+        if not _OUR_HOOKS:  # the last tracker out puts torch's check back
+            nn_module._has_any_global_hook = _original_has_any_global_hook
+
+    def _enter(self, module: Any, args: Any) -> None:
+        # Traced by torch.compile: our bookkeeping stays out of its graph.
+        if _is_compiling() or type(module).__name__ == _WRAPPED:
+            return
+        path = self._path_of(module)
+        self._stack.append(path)
+        writer = self._writer
+        writer.module = path
+        calls = writer.module_calls
+        calls[path] = calls.get(path, 0) + 1
+
+    def _leave(self, module: Any, args: Any, output: Any) -> None:
+        if _is_compiling() or type(module).__name__ == _WRAPPED or not self._stack:
+            return
+        self._stack.pop()
+        self._writer.module = self._stack[-1] if self._stack else None
+
+    def _path_of(self, module: Any) -> str:
+        """`<k>.sub.path` inside the outermost module called, or a new root `<k>`."""
+        for root_ref, names in reversed(self._roots):
+            name = names.get(id(module))
+            if name is not None and root_ref() is not None:
+                return name
+        # A new outermost module: index every submodule once (paths by identity).
+        prefix = f"<{len(self._roots)}>"
+        names, types = {}, self._writer.module_types
+        for name, sub in module.named_modules():
+            path = names[id(sub)] = f"{prefix}.{name}" if name else prefix
+            types.setdefault(path, type(sub).__name__)  # containers never called need it too
+        self._roots.append((weakref.ref(module), names))
+        return prefix
+
+    def root_placeholders(self) -> dict[str, Any]:
+        """`<k>` -> the root module still alive (for naming), by placeholder."""
+        found = {}
+        for index, (root_ref, _) in enumerate(self._roots):
+            root = root_ref()
+            if root is not None:
+                found[f"<{index}>"] = root
+        return found

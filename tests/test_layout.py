@@ -1,0 +1,131 @@
+"""The package layout is the pipeline: model <- recorder, model <- analysis <- views <- top.
+
+Checked on the source itself (every `import` of an `autograd_magic` module, including imports
+inside functions; only `if TYPE_CHECKING:` blocks are skipped), and by importing in a fresh
+process to see which heavy libraries load.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "autograd_magic"
+# What each layer may import besides itself. The top layer (magic, __init__, cli, ...) may
+# import anything.
+ALLOWED = {
+    "model": set(),
+    "recorder": {"model"},
+    "analysis": {"model"},
+    "views": {"model", "analysis"},
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in ALLOWED) else "top"
+
+
+def _type_checking_only(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every autograd_magic module `path` imports at run time."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _type_checking_only(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("autograd_magic"))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("autograd_magic"):
+            base = node.module or ""
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                found.add(candidate if _is_module(candidate) else base)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")))
+    return found
+
+
+def _is_module(name: str) -> bool:
+    relative = Path(*name.split(".")[1:])
+    return (PACKAGE / relative).with_suffix(".py").exists() or (PACKAGE / relative).is_dir()
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {module_name(p): imports_of(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_every_import_goes_down_the_pipeline():
+    """GIVEN the package's modules THEN each imports only its own layer and the ones below."""
+    wrong = []
+    for module, imported in import_graph().items():
+        own = layer(module)
+        if own == "top":
+            continue
+        for target in imported:
+            other = layer(target)
+            if other != own and other not in ALLOWED[own]:
+                wrong.append(f"{module} ({own}) imports {target} ({other})")
+    assert wrong == []
+
+
+def test_there_are_no_import_circles():
+    """GIVEN the import graph (imports inside functions included) THEN it has no cycle."""
+    graph = import_graph()
+    # A package's __init__ importing its own modules is how packages work, not a circle.
+    edges = {
+        m: {t for t in targets if t in graph and not m.startswith(t + ".")}
+        for m, targets in graph.items()
+    }
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def walk(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*path[path.index(nxt) :], nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                walk(nxt, [*path, nxt])
+        state[node] = 2
+
+    for start in sorted(edges):
+        if start not in state:
+            walk(start, [start])
+    assert cycles == []
+
+
+@pytest.mark.parametrize(
+    ("module", "absent"),
+    [
+        ("autograd_magic.magic", ("matplotlib", "ipywidgets", "networkx")),
+        ("autograd_magic", ("matplotlib", "ipywidgets", "networkx")),
+        ("autograd_magic.views.html", ("ipywidgets",)),
+        ("autograd_magic.views.text", ("matplotlib", "ipywidgets", "networkx")),
+    ],
+)
+def test_loading_imports_no_heavy_library_it_does_not_need(module, absent):
+    """GIVEN a fresh interpreter WHEN a module is imported THEN the libraries only a view needs
+    are not loaded (the extension loads fast; static HTML works without ipywidgets)."""
+    code = f"import sys, {module}; print([m for m in {absent!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

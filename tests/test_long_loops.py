@@ -1,0 +1,143 @@
+"""Long training loops stay readable: a short text report, a step-axis timeline drawn as an
+envelope, and live timeline redraws that fit the panel's time budget."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import numpy
+import pytest
+import torch
+from matplotlib.lines import Line2D
+from torch import nn
+
+import autograd_magic
+from autograd_magic.views import figures, series
+from autograd_magic.views.panel import NUMBERS_SHARE, TracePanel
+from autograd_magic.views.text import render_text
+
+STEPS = 1000
+
+
+@pytest.fixture(scope="module")
+def mlp_loop() -> autograd_magic.Trace:
+    """A clean 1,000-step MLP training loop (SGD), tracked."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(8, 16), torch.randn(8, 1)
+    with autograd_magic.track(namespace={"model": model}) as trace:
+        for _ in range(STEPS):
+            opt.zero_grad()
+            loss = ((model(x) - y) ** 2).mean()
+            loss.backward()
+            opt.step()
+    return trace
+
+
+def test_text_report_of_a_clean_1000_step_loop_fits_on_two_screens(mlp_loop):
+    # GIVEN a clean 1,000-step loop WHEN its text report is rendered
+    text = render_text(mlp_loop)
+    lines = text.splitlines()
+    # THEN it is under 150 lines, with one grouped sentence for the 1,000 backward calls
+    assert len(lines) < 150, len(lines)
+    assert "Backward calls: 1,000" in text
+    (calls,) = [line for line in lines if "backward() calls" in line]
+    assert "1,000 backward() calls, each released 5 saved tensors" in calls
+    # AND repeated optimizer writes read as one row per parameter
+    assert "1 -> 1001 (1,000 writes)" in text
+    assert "(x1,000)" in text
+
+
+def test_timeline_of_a_long_loop_is_an_envelope_over_steps(mlp_loop):
+    # GIVEN far more samples than pixel columns WHEN the timeline is drawn
+    assert len(mlp_loop.timeline) > 5000
+    fig = figures.timeline_figure(mlp_loop)
+    nodes, retained = fig.axes
+    # THEN the x axis counts training steps (one per backward call), 0 to 1,000
+    assert nodes.get_xlim()[1] == pytest.approx(STEPS, rel=0.1)
+    assert retained.get_xlabel().startswith("step (step k ends when backward call k")
+    # AND no line carries more points than the figure has pixel columns (never a solid block)
+    columns = fig.get_figwidth() * fig.dpi
+    lines = [a for ax in fig.axes for a in ax.get_children() if isinstance(a, Line2D)]
+    assert lines and max(len(line.get_xdata()) for line in lines) <= columns
+    # AND the title says what the band is; the envelope reaches the true peak
+    assert "lowest to highest value within each pixel column" in nodes.get_title(loc="left")
+    assert nodes.get_ylim()[1] >= mlp_loop.peak_live_nodes
+
+
+def test_short_traces_keep_the_event_axis_and_exact_steps():
+    # GIVEN one backward call only WHEN drawn THEN the axis is the events' order, drawn exactly
+    x = torch.ones(3, requires_grad=True)
+    with autograd_magic.track(namespace={}) as trace:
+        x.exp().sum().backward()
+    fig = figures.timeline_figure(trace)
+    assert fig.axes[1].get_xlabel().startswith("recorded events in order")
+    assert fig.axes[0].get_title(loc="left") == ""
+
+
+def test_timeline_png_is_transparent_for_dark_themes(mlp_loop):
+    import io
+
+    from PIL import Image
+
+    png = figures.figure_png(figures.timeline_figure(mlp_loop))
+    image = Image.open(io.BytesIO(png)).convert("RGBA")
+    assert image.getpixel((2, 2))[3] == 0  # the background shows through
+
+
+def test_live_timeline_redraws_even_when_number_refreshes_used_their_share(mlp_loop):
+    # GIVEN a live panel whose number-only refreshes have used up their share of the budget
+    panel = TracePanel(mlp_loop, live_budget=0.04)
+    panel._started = time.monotonic() - 100.0  # 100 s of cell time: 4 s of budget
+    panel._spent_numbers = 4.0 * NUMBERS_SHARE + 1.0
+    before = panel.live_renders
+    # WHEN the next refresh comes THEN the timeline (its own share unused) is redrawn
+    panel.timeline_image.value = b""
+    panel.live_update(mlp_loop)
+    assert panel.live_renders == before + 1
+    assert bytes(panel.timeline_image.value).startswith(b"\x89PNG")
+
+
+def test_panel_on_a_1000_step_loop_renders_quickly(mlp_loop):
+    start = time.perf_counter()
+    panel = TracePanel(mlp_loop)
+    elapsed = time.perf_counter() - start
+    assert "1,000 backward() calls" in panel.calls.value
+    assert elapsed < 10.0  # ~1 s measured on a shared 2-core machine
+
+
+def test_envelope_keeps_each_columns_extremes_and_carries_values_into_empty_ones():
+    # GIVEN a sawtooth 0..9 repeated 100 times over x = 0..999, and 10 columns
+    x = numpy.arange(1000, dtype=float)
+    y = numpy.tile(numpy.arange(10, dtype=float), 100)
+    _, low, high = series.envelope(x, y, 10)
+    # THEN every column spans 0 to 9
+    assert list(low) == [0.0] * 10 and list(high) == [9.0] * 10
+    # AND with more columns than samples, empty columns hold the value carried in
+    _, low, high = series.envelope(numpy.array([0.0, 10.0]), numpy.array([3.0, 5.0]), 5)
+    assert list(low) == [3.0, 3.0, 3.0, 3.0, 3.0] and list(high) == [3.0, 3.0, 3.0, 3.0, 5.0]
+
+
+def test_live_timeline_is_a_fast_sparkline_with_its_scales_in_words(mlp_loop):
+    from PIL import Image
+
+    # GIVEN the 1,000-step loop still running WHEN the live panel redraws its timeline
+    mlp_loop.finished = False
+    try:
+        panel = TracePanel(mlp_loop)
+        start = time.perf_counter()
+        png = series.sparkline_png(mlp_loop)
+        elapsed = time.perf_counter() - start
+        note = panel.timeline_note.value
+    finally:
+        mlp_loop.finished = True
+    # THEN it takes milliseconds, is transparent, and the note gives what the bands are
+    assert elapsed < 0.2  # ~10 ms measured
+    picture = Image.open(io.BytesIO(png))
+    assert picture.mode == "RGBA" and picture.getpixel((400, 66))[3] == 0
+    assert "Live: autograd nodes alive (blue, top: 0 to 20 peak)" in note
+    assert "0 B to 1.0 KiB peak) over 1,000 steps (backward calls) so far" in note
+    # AND the finished panel shows the full figure with no live note
+    assert TracePanel(mlp_loop).timeline_note.value == ""

@@ -1,0 +1,180 @@
+"""Memory by module: each op's nn.Module, as the user would type its path, and per-module bytes."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import torch
+import torch.nn as nn
+
+import autograd_magic as am
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.inner(x).exp())
+
+
+def by_path(trace: am.Trace) -> dict[str, am.ModuleStats]:
+    return {m.path: m for m in trace.modules()}
+
+
+def test_ops_are_attributed_to_the_module_path_the_user_would_type():
+    """GIVEN a model with nested containers WHEN its forward runs tracked THEN every saved
+    buffer and node made inside it names its module from the user's own variable."""
+    torch.manual_seed(0)
+    model = Block()
+    x = torch.randn(4, 8, requires_grad=True)
+    with am.track() as trace:
+        loss = model(x).sum()
+    modules = {b.module for b in trace.buffers}
+    assert {"model.inner.0", "model.inner.1", "model", "model.head"} <= modules
+    tanh = next(n for n in trace.nodes if n.name == "TanhBackward0")
+    assert tanh.module == "model.inner.1"
+    total = next(n for n in trace.nodes if n.name == "SumBackward0")
+    assert total.module is None  # `.sum()` ran outside any module
+    del loss
+
+
+def test_module_bytes_total_includes_submodules_and_self_excludes_them():
+    """GIVEN the same model WHEN summarised by module THEN saved_bytes adds submodules,
+    self_saved_bytes does not, parameters are not counted, and the root's total is every
+    attributed buffer's bytes; entries come largest first."""
+    torch.manual_seed(0)
+    model = Block()
+    x = torch.randn(4, 8, requires_grad=True)
+    with am.track() as trace:
+        loss = model(x).sum()
+    stats = by_path(trace)
+    inner, tanh, root = stats["model.inner"], stats["model.inner.1"], stats["model"]
+    assert tanh.self_saved_bytes == 4 * 8 * 4  # tanh saves its output: 4 x 8 float32
+    assert inner.self_saved_bytes == 0 and inner.saved_bytes >= tanh.saved_bytes
+    assert root.self_saved_bytes == 4 * 8 * 4  # exp in Block.forward saves its output
+    attributed = sum(b.nbytes for b in trace.buffers if b.module and not b.is_leaf)
+    assert root.saved_bytes == attributed
+    assert root.type == "Block" and inner.type == "Sequential" and tanh.type == "Tanh"
+    assert root.calls == 1 and root.nodes_created >= 6
+    sizes = [m.saved_bytes for m in trace.modules()]
+    assert sizes == sorted(sizes, reverse=True)
+    del loss
+
+
+def test_a_module_called_twice_counts_two_calls_and_both_outputs():
+    """GIVEN one Linear applied twice WHEN tracked THEN it is one entry with 2 calls."""
+    lin = nn.Linear(4, 4)
+    x = torch.randn(2, 4, requires_grad=True)
+    with am.track() as trace:
+        y = lin(lin(x).relu()).sum()
+    entry = by_path(trace)["lin"]
+    assert entry.calls == 2
+    # AddmmBackward0 and TBackward0 per call, plus the AccumulateGrad nodes of weight, bias and
+    # x, first reached from inside the module's first call.
+    assert entry.nodes_created == 2 * 2 + 3
+    del y
+
+
+def test_released_buffers_leave_the_peak_and_a_json_round_trip_keeps_modules():
+    """GIVEN a forward then backward WHEN summarised THEN the peak is what was alive before the
+    backward, and a JSON round trip gives the same module table."""
+    torch.manual_seed(0)
+    model = Block()
+    with am.track() as trace:
+        model(torch.randn(4, 8)).sum().backward()
+    root = by_path(trace)["model"]
+    assert root.peak_retained_bytes == root.saved_bytes > 0
+    loaded = am.Trace.from_json(trace.to_json())
+    assert loaded.modules() == trace.modules()
+    assert json.loads(trace.to_json())["version"] == 2
+
+
+def test_modules_with_their_own_hooks_give_the_same_values_tracked():
+    """GIVEN a module whose own hooks change its input and output WHEN run tracked THEN outputs
+    and gradients are identical to untracked, and the hooks ran exactly as often."""
+    calls = []
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        torch.manual_seed(1)
+        lin = nn.Linear(3, 3)
+        lin.register_forward_pre_hook(lambda m, a: (calls.append("pre"), (a[0] * 2,))[1])
+        lin.register_forward_hook(lambda m, a, out: (calls.append("post"), out + 1)[1])
+        x = torch.randn(2, 3, requires_grad=True)
+        out = lin(x)
+        out.sum().backward()
+        return out.detach(), x.grad
+
+    plain = run()
+    plain_calls = list(calls)
+    calls.clear()
+    with am.track():
+        tracked = run()
+    assert torch.equal(plain[0], tracked[0]) and torch.equal(plain[1], tracked[1])
+    assert calls == plain_calls == ["pre", "post"]
+
+
+def test_scripted_and_compiled_modules_run_the_same_and_hooks_are_removed():
+    """GIVEN a TorchScript module and a torch.compile'd one WHEN called tracked THEN results
+    equal untracked ones and no global module hook is left after the block."""
+    torch.manual_seed(2)
+    lin = nn.Linear(3, 3)
+    scripted = torch.jit.script(nn.Sequential(nn.Linear(3, 3), nn.ReLU()))
+    compiled = torch.compile(lin, backend="eager")
+    x = torch.randn(2, 3)
+    expected = (scripted(x), compiled(x))
+    hooks_before = (
+        len(torch.nn.modules.module._global_forward_pre_hooks),
+        len(torch.nn.modules.module._global_forward_hooks),
+    )
+    with warnings.catch_warnings(record=True) as caught, am.track():
+        warnings.simplefilter("always")
+        got = (scripted(x), compiled(x))
+    assert [str(w.message) for w in caught if "global hooks" in str(w.message)] == []
+    assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
+    assert hooks_before == (
+        len(torch.nn.modules.module._global_forward_pre_hooks),
+        len(torch.nn.modules.module._global_forward_hooks),
+    )
+
+
+def test_a_transformer_encoder_names_its_layers():
+    """GIVEN torch's own TransformerEncoder WHEN a step runs tracked THEN its layers are entries
+    named as the user reaches them, and attention is among the largest."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0)
+    encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    with am.track() as trace:
+        encoder(torch.randn(2, 5, 32)).sum().backward()
+    stats = by_path(trace)
+    assert {"encoder.layers.0", "encoder.layers.1", "encoder.layers.0.self_attn"} <= set(stats)
+    assert stats["encoder.layers.0"].type == "TransformerEncoderLayer"
+    assert stats["encoder"].saved_bytes == sum(
+        stats[f"encoder.layers.{i}"].saved_bytes for i in range(2)
+    )
+
+
+def test_the_text_report_and_panel_show_memory_by_module():
+    """GIVEN a transformer step WHEN rendered THEN the summary names the repeated structure that
+    saved most, the text report has the module tree, and the panel's Modules tab the same."""
+    from autograd_magic.views.panel import TracePanel
+    from autograd_magic.views.text import render_text
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0)
+    encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    with am.track() as trace:
+        encoder(torch.randn(2, 5, 32)).sum().backward()
+    text = render_text(trace)
+    assert "Most saved memory: encoder.layers.*.self_attn" in text
+    tree = text[text.index("Memory by module:") :].splitlines()
+    assert tree[2].split()[:2] == ["encoder", "TransformerEncoder"]
+    assert "100%" in tree[2]
+    assert any(line.split()[:2] == ["self_attn", "MultiheadAttention"] for line in tree)
+    panel = TracePanel(trace)
+    assert "encoder.layers.*.self_attn" in panel.summary.value
+    assert "MultiheadAttention" in panel.modules.value
+    assert panel.tabs.titles[1].startswith("Modules (")
