@@ -165,6 +165,12 @@ for run in range(RUNS):
             torch._C._autograd._pop_saved_tensors_default_hooks()
         install._active.clear()
         install.remove_patches(None)
+        from torch.nn.modules import module as nn_module
+        import autograd_magic.recorder.modules as modules
+        nn_module._global_forward_pre_hooks.clear()
+        nn_module._global_forward_hooks.clear()
+        modules._OUR_HOOKS.clear()
+        nn_module._has_any_global_hook = modules._original_has_any_global_hook
 signal.signal(signal.SIGALRM, signal.SIG_IGN)
 print(interrupted, left, flush=True)
 """
