@@ -167,8 +167,8 @@ def trace_fields(text: str) -> dict[str, Any]:
     fields["timeline"] = [_sample(v, f"timeline[{i}]") for i, v in enumerate(timeline)]
     fields["labels"] = check_id_map(document, "labels", max_records)
     fields["object_kinds"] = check_id_map(document, "object_kinds", max_records)
-    for name, kind in (("module_calls", int), ("module_types", str)):
-        fields[name] = check_value(document.get(name, {}), dict[str, kind], name)
+    for name, shape in (("module_calls", dict[str, int]), ("module_types", dict[str, str])):
+        fields[name] = check_value(document.get(name, {}), shape, name)
         if len(fields[name]) > max_records:
             raise ValueError(f"{name}: more than the cap of {max_records}")
     alive = document.get("alive_at_end")

@@ -19,7 +19,17 @@ FindingKind = Literal[
     "data-bypass",
     "unused-graph",
 ]
-BlindspotKind = Literal["compiled", "saved-tensor-hooks", "naming-cut", "internal"]
+BlindspotKind = Literal[
+    "compiled",
+    "saved-tensor-hooks",
+    "torch.func",
+    "hooks-disabled",
+    "jit.trace",
+    "naming-cut",
+    "naming-skipped",
+    "names",
+    "internal",
+]
 BackwardKind = Literal["backward", "grad"]
 # How a tensor/array joined a storage group: the op that made it ("detach", "view",
 # "__getitem__", "from_numpy", "numpy", ".data", ...: any view op, an open set), "<op> (copy)"

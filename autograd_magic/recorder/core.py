@@ -169,7 +169,9 @@ class Recorder:
         if disabled is not None:
             # Entered where PyTorch refuses saved-tensor hooks (inside a torch.func transform or
             # disable_saved_tensors_hooks): ours join when hooks are enabled again.
-            kind = "torch.func" if disabled.startswith("torch.func") else "hooks-disabled"
+            kind: BlindspotKind = (
+                "torch.func" if disabled.startswith("torch.func") else "hooks-disabled"
+            )
             self._note_blindspot(kind, self._sites.here(2), install.DISABLED_MESSAGES[kind])
             self._suspended = "hooks"
             install.suspended_until_enabled(self)
@@ -566,7 +568,7 @@ class Recorder:
         site = self._sites.here(2)
         self._note_blindspot("saved-tensor-hooks", site, _HOOKS_MESSAGE)
 
-    def suspend(self, kind: str, message: str) -> bool:
+    def suspend(self, kind: BlindspotKind, message: str) -> bool:
         """Step aside (hooks; the mode too unless only hooks are refused) where PyTorch allows no
         tracking; False when this block is not running on this thread."""
         if self._mode is None or threading.get_ident() != self._thread or self._suspended:

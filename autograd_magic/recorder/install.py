@@ -19,6 +19,7 @@ import torch
 import torch.fx.traceback
 from torch.overrides import _get_current_function_mode_stack, _pop_mode, _push_mode
 
+from autograd_magic.model.records import BlindspotKind
 from autograd_magic.recorder import warnings_site
 
 _autograd = torch._C._autograd
@@ -32,7 +33,7 @@ class Patched(Protocol):
 
     def user_hooks_entered(self) -> None: ...
 
-    def suspend(self, kind: str, message: str) -> bool: ...
+    def suspend(self, kind: BlindspotKind, message: str) -> bool: ...
 
     def resume(self) -> None: ...
 
@@ -64,7 +65,7 @@ def _hooks_disable(message: str) -> None:
     # PyTorch refuses saved-tensor hooks here (torch.func transforms, user code): ours step
     # aside until hooks are enabled again, and the trace says what it did not see.
     if _autograd._saved_tensors_hooks_get_disabled_error_message() is None:
-        kind = "torch.func" if message.startswith("torch.func") else "hooks-disabled"
+        kind: BlindspotKind = "torch.func" if message.startswith("torch.func") else "hooks-disabled"
         for block in _live_blocks():
             if block.suspend(kind, DISABLED_MESSAGES[kind]):
                 _suspended.append(weakref.ref(block))
@@ -212,7 +213,7 @@ def purge_ended_modes(mode_type: type) -> None:
     forwards calls, and the next block takes it out.
     """
     for mode in _get_current_function_mode_stack():
-        if type(mode) is mode_type and mode.recorder is None:
+        if type(mode) is mode_type and getattr(mode, "recorder", None) is None:
             remove_mode(mode)
 
 

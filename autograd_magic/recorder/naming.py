@@ -58,7 +58,7 @@ def _children(obj: Any, path: str, skipped: set[str]) -> Iterator[tuple[Any, str
         return
     if issubclass(kind, torch.nn.Module):
         for field in ("_modules", "_parameters", "_buffers"):
-            table = attrs.get(field)
+            table: Any = attrs.get(field)
             if type(table) in _DICTS:
                 for name, child in dict.items(table):
                     if child is not None and type(name) is str:

@@ -15,6 +15,7 @@ import contextlib
 import os
 import sys
 import warnings
+from types import FrameType
 from typing import Any
 
 import torch.fx.traceback as torch_fx_traceback
@@ -26,7 +27,7 @@ ORIGINAL_WARN = warnings.warn
 
 def _untracked_level(stacklevel: int) -> int:
     """The stacklevel, counted from `warn`'s caller, that names the frame untracked code names."""
-    frame = sys._getframe(2)  # warn's caller
+    frame: FrameType | None = sys._getframe(2)  # warn's caller
     real, virtual = 1, 1
     while frame is not None and virtual < stacklevel:
         frame = frame.f_back

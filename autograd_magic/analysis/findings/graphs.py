@@ -170,16 +170,24 @@ def graph_growth(trace: Trace, graph: RecordIndex) -> list[Finding]:
         f"{line}{quoted_source(site)}: the backward at line {cell_line(calls[-1].site)} walked "
         f"{calls[-1].earlier_nodes} nodes from earlier iterations{grew}. Detach the carried "
         f"value once per iteration, before it is used again: `{_detached(trace, holder)}`"
-        + (
-            "; then retain_graph=True is no longer needed and the optimizer's updates no longer "
-            "break the next backward."
-            if retain
-            else "."
-        )
+        + _once_detached(retain, any(b.hit_buffers for b in trace.version_bumps))
     )
     related = tuple(sorted({cell_line(c.site) for c in calls} - {line}))
     graph.carried = (holder, line)
     return [Finding("graph-growth", message, line, related, holder, trace.peak_retained_bytes)]
+
+
+def _once_detached(retain: bool, writes_hit_saved: bool) -> str:
+    """What detaching also fixes: the retain_graph workaround, and in-place updates (an
+    optimizer step) that broke the next backward, each only when it happened."""
+    if not retain:
+        return "."
+    if writes_hit_saved:
+        return (
+            "; then retain_graph=True is no longer needed and the optimizer's updates no longer "
+            "break the next backward."
+        )
+    return "; then retain_graph=True is no longer needed."
 
 
 def _freed_twice(call) -> bool:
