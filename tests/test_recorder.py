@@ -309,6 +309,41 @@ def test_many_backward_calls_stay_within_the_caps_at_constant_cost(gc_disabled):
     assert trace.timeline[-1].what == "backward"  # the newest state is always there
 
 
+@pytest.mark.parametrize("kind", ["ops", "detach", "views", "inplace", "backward"])
+def test_a_long_block_of_each_kind_stays_within_the_caps(kind, gc_disabled):
+    """GIVEN 10,000 events of one kind (ops, x.detach(), base[1:], in-place writes, backward
+    calls) with caps of 500 WHEN recorded THEN every per-event structure stays bounded (records,
+    names, timeline, and the recorder's own per-object state), and the counters are exact."""
+    x, base, w = torch.ones(4, requires_grad=True), torch.ones(8), torch.zeros(4)
+    trace = am.Trace(max_records=500, max_timeline=200)
+    recorder = am.track(trace=trace)
+    kept = None  # each new result replaces the last, as a loop variable does
+    with recorder:
+        for _ in range(10_000):
+            if kind == "ops":
+                kept = x * 2
+            elif kind == "detach":
+                kept = x.detach()
+            elif kind == "views":
+                kept = base[1:]
+            elif kind == "inplace":
+                w.add_(1)
+            else:
+                (x * 2).sum().backward()
+        aliases = recorder.aliases
+        per_object = (len(aliases.registry.op_labels), len(aliases._shared_with))
+    del kept
+    for records in (trace.nodes, trace.buffers, trace.links, trace.version_bumps):
+        assert len(records) <= 500
+    assert len(trace.backward_calls) <= 500 and len(trace.labels) <= 500
+    assert len(trace.timeline) <= 200
+    assert max(per_object) < 4_096 + 10  # dead objects' state is dropped in batches of 4,096
+    if kind in ("detach", "views"):
+        assert len(trace.links) == 500 and trace.dropped_events == 10_000 - 500
+    if kind == "inplace":
+        assert w[0].item() == 10_000 and trace.dropped_events == 10_000 - 500
+
+
 def test_records_hold_no_tensor(gc_disabled):
     """GIVEN a finished trace THEN a tensor it recorded dies as soon as the user drops it."""
     x = torch.randn(3, requires_grad=True)

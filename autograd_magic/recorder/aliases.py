@@ -185,6 +185,21 @@ class AliasTracker:
             if watched is not None and array is not None and shares_memory(watched, tensor):
                 watch.digest, watch.version = _digest(array), watched._version
 
+    def _drop_dead(self) -> None:
+        """Forget sharing and counters of dead objects, keeping their live partners linked to
+        each other (memory shared through a dead view is still shared)."""
+        shared = self._shared_with
+        for uid in self.registry.take_dead():
+            self._separate_counter.pop(uid, None)
+            partners = shared.pop(uid, set())
+            for partner in partners:
+                others = shared.get(partner)
+                if others is not None:
+                    others.discard(uid)
+                    others.update(p for p in partners if p != partner)
+                    if not others:
+                        del shared[partner]
+
     def _live_sharers(self, uid: int) -> tuple[int, ...]:
         """Other live tensors/arrays that share memory with `uid` (transitively)."""
         if uid not in self._shared_with:
@@ -263,6 +278,8 @@ class AliasTracker:
         if shares:
             self._shared_with.setdefault(item_uid, set()).add(source_uid)
             self._shared_with.setdefault(source_uid, set()).add(item_uid)
+        if registry.dead_count() >= PRUNE_EVERY:
+            self._drop_dead()
         # `.data` (tensor to tensor) gets its own version counter: writes through it bypass the
         # source's. A from_numpy tensor has a normal counter; NumPy writes are watched below.
         separate = isinstance(item, torch.Tensor) and isinstance(source, torch.Tensor)

@@ -16,6 +16,9 @@ class ObjectRegistry:
         self._counts: Counter[str] = Counter()
         self.op_labels: dict[int, str] = {}
         self.kinds: dict[int, str] = {}
+        # Ids of objects that died since the owner last looked (`take_dead`): per-object state
+        # elsewhere is dropped with them, so a million short-lived views cost no lasting memory.
+        self._dead: list[int] = []
         self._next = 1
 
     def uid(self, obj: Any, hint: str) -> int:
@@ -39,15 +42,36 @@ class ObjectRegistry:
         return uid
 
     def _forgetter(self, address: int, uid: int) -> Any:
-        table, by_uid = self._by_address, self._by_uid
+        # The callback holds the tables, never the registry: no cycle through the weak refs.
+        table, by_uid, labels, kinds, dead = (
+            self._by_address,
+            self._by_uid,
+            self.op_labels,
+            self.kinds,
+            self._dead,
+        )
 
         def forget(_ref: Any) -> None:
             by_uid.pop(uid, None)
+            # A dead object's label lives on in the trace (`Trace.labels`, capped) if at all.
+            labels.pop(uid, None)
+            kinds.pop(uid, None)
+            dead.append(uid)
             entry = table.get(address)
             if entry is not None and entry[1] == uid:
                 del table[address]
 
         return forget
+
+    def dead_count(self) -> int:
+        """How many objects died since the last `take_dead`."""
+        return len(self._dead)
+
+    def take_dead(self) -> list[int]:
+        """The ids of objects that died since the last call."""
+        dead = self._dead[:]
+        del self._dead[:]
+        return dead
 
     def forget(self, obj: Any) -> None:
         """Drop the weak reference to `obj` (its id and label stay): `torch.utils.swap_tensors`
