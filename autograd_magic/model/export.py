@@ -66,14 +66,11 @@ def to_networkx(trace: Trace) -> networkx.DiGraph:
     return graph
 
 
-_SCALARS = (
-    "max_records",
-    "max_timeline",
+# Scalar counters and their checks: (field, smallest value); `error` and `finished` apart.
+_COUNTERS = (
     "dropped_nodes",
     "dropped_buffers",
     "dropped_events",
-    "finished",
-    "error",
     "seq",
     "live_nodes",
     "retained_bytes",
@@ -82,6 +79,8 @@ _SCALARS = (
     "nodes_created",
     "buffers_saved",
 )
+# Every scalar field, in the order the export writes them.
+_SCALARS = ("max_records", "max_timeline", *_COUNTERS[:3], "finished", "error", *_COUNTERS[3:])
 _LISTS: dict[str, type] = {
     "nodes": NodeRecord,
     "buffers": SavedBuffer,
@@ -118,21 +117,6 @@ def trace_to_json(trace: Trace) -> str:
     alive = trace.alive_at_end
     document["alive_at_end"] = None if alive is None else sorted(alive)
     return json.dumps(document)
-
-
-# Scalar counters and their checks: (field, smallest value); `error` and `finished` apart.
-_COUNTERS = (
-    "dropped_nodes",
-    "dropped_buffers",
-    "dropped_events",
-    "seq",
-    "live_nodes",
-    "retained_bytes",
-    "peak_live_nodes",
-    "peak_retained_bytes",
-    "nodes_created",
-    "buffers_saved",
-)
 
 
 def trace_fields(text: str) -> dict[str, Any]:
