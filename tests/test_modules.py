@@ -178,3 +178,18 @@ def test_the_text_report_and_panel_show_memory_by_module():
     assert "encoder.layers.*.self_attn" in panel.summary.value
     assert "MultiheadAttention" in panel.modules.value
     assert panel.tabs.titles[1].startswith("Modules (")
+
+
+def test_the_summary_merges_repeated_layers_but_not_a_sequentials_different_children():
+    """GIVEN a Sequential of Linear, ReLU, Linear WHEN summarised THEN its children are named one
+    by one (`model.1`), not merged into `model.*` as repeated layers would be."""
+    from autograd_magic.views.modules import top_modules
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    with am.track() as trace:
+        loss = model(torch.randn(4, 8)).sum()
+    names = [path for path, _ in top_modules(trace)]
+    assert names and all("*" not in name for name in names)
+    assert "model.1" in names  # ReLU saves its output
+    del loss

@@ -33,11 +33,16 @@ def top_modules(trace: Trace, count: int = 3) -> list[tuple[str, float]]:
     total = sum(m.self_saved_bytes for m in stats)
     if total <= 0:
         return []
-    by_pattern: dict[str, int] = {}
+    # Repeated structure is the same pattern and the same class (`layers.0`, `layers.1`: both
+    # encoder layers); a Sequential's differing children stay apart (`model.0`, `model.1`).
+    groups: dict[tuple[str, str], list[ModuleStats]] = {}
     for m in stats:
         if m.self_saved_bytes:
-            key = pattern_of(m.path)
-            by_pattern[key] = by_pattern.get(key, 0) + m.self_saved_bytes
+            groups.setdefault((pattern_of(m.path), m.type), []).append(m)
+    by_pattern: dict[str, int] = {}
+    for (pattern, _), members in groups.items():
+        name = pattern if len(members) > 1 else members[0].path
+        by_pattern[name] = by_pattern.get(name, 0) + sum(m.self_saved_bytes for m in members)
     ranked = sorted(by_pattern.items(), key=lambda kv: (-kv[1], kv[0]))[:count]
     # Shares that round to 0% say nothing.
     return [(path, n / total) for path, n in ranked if n / total >= 0.005]
