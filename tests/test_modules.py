@@ -193,3 +193,17 @@ def test_the_summary_merges_repeated_layers_but_not_a_sequentials_different_chil
     assert names and all("*" not in name for name in names)
     assert "model.1" in names  # ReLU saves its output
     del loss
+
+
+def test_the_live_summary_names_no_module_until_the_block_ends():
+    """GIVEN a model running inside a block WHEN the summary is read mid-block THEN it names no
+    module (root names are only known at the end); once finished it names the user's variable."""
+    from autograd_magic.views.text import summary_items
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    with am.track() as trace:
+        out = model(torch.randn(2, 4)).sum()
+        live = dict(summary_items(trace))
+    assert "Most saved memory" not in live
+    assert dict(summary_items(trace))["Most saved memory"].startswith("model.")
+    del out

@@ -309,11 +309,12 @@ def test_many_backward_calls_stay_within_the_caps_at_constant_cost(gc_disabled):
     assert trace.timeline[-1].what == "backward"  # the newest state is always there
 
 
-@pytest.mark.parametrize("kind", ["ops", "detach", "views", "inplace", "backward"])
+@pytest.mark.parametrize("kind", ["ops", "detach", "views", "inplace", "fresh", "backward"])
 def test_a_long_block_of_each_kind_stays_within_the_caps(kind, gc_disabled):
-    """GIVEN 10,000 events of one kind (ops, x.detach(), base[1:], in-place writes, backward
-    calls) with caps of 500 WHEN recorded THEN every per-event structure stays bounded (records,
-    names, timeline, and the recorder's own per-object state), and the counters are exact."""
+    """GIVEN 10,000 events of one kind (ops, x.detach(), base[1:], in-place writes on one tensor
+    or on a fresh tensor each time, backward calls) with caps of 500 WHEN recorded THEN every
+    per-event structure stays bounded (records, names, timeline, and the recorder's own
+    per-object state), and the counters are exact."""
     x, base, w = torch.ones(4, requires_grad=True), torch.ones(8), torch.zeros(4)
     trace = am.Trace(max_records=500, max_timeline=200)
     recorder = am.track(trace=trace)
@@ -328,10 +329,14 @@ def test_a_long_block_of_each_kind_stays_within_the_caps(kind, gc_disabled):
                 kept = base[1:]
             elif kind == "inplace":
                 w.add_(1)
+            elif kind == "fresh":
+                kept = torch.zeros(4)
+                kept.add_(1)
             else:
                 (x * 2).sum().backward()
         aliases = recorder.aliases
-        per_object = (len(aliases.registry.op_labels), len(aliases._shared_with))
+        registry = aliases.registry
+        per_object = (len(registry.op_labels), len(aliases._shared_with), registry.dead_count())
     del kept
     for records in (trace.nodes, trace.buffers, trace.links, trace.version_bumps):
         assert len(records) <= 500

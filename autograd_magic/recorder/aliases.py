@@ -150,7 +150,7 @@ class AliasTracker:
         self, tensor: torch.Tensor, op: str, old: int, new: int, site: Site, saved_before: int
     ) -> None:
         writer = self.writer
-        uid = self.registry.uid(tensor, "tensor")
+        uid = self._uid(tensor, "tensor")
         label = writer.name(uid, self.registry.op_labels[uid])
         failing, silent = self._saved_on(tensor, saved_before)
         source = self._separate_counter.get(uid)
@@ -184,6 +184,13 @@ class AliasTracker:
             array = watch.array_ref()
             if watched is not None and array is not None and shares_memory(watched, tensor):
                 watch.digest, watch.version = _digest(array), watched._version
+
+    def _uid(self, obj: Any, hint: str) -> int:
+        """The registry's id for `obj`; every so many deaths, their per-object state is dropped
+        (one place for every path that registers objects, so none grows unbounded)."""
+        if self.registry.dead_count() >= PRUNE_EVERY:
+            self._drop_dead()
+        return self.registry.uid(obj, hint)
 
     def _drop_dead(self) -> None:
         """Forget sharing and counters of dead objects, keeping their live partners linked to
@@ -269,8 +276,8 @@ class AliasTracker:
         self, item: Any, source: Any, op: str, kind: OpKind, shares: bool, site: Site
     ) -> None:
         writer, registry = self.writer, self.registry
-        source_uid = registry.uid(source, "ndarray" if _is_ndarray(source) else "tensor")
-        item_uid = registry.uid(item, op)
+        source_uid = self._uid(source, "ndarray" if _is_ndarray(source) else "tensor")
+        item_uid = self._uid(item, op)
         for uid in (source_uid, item_uid):
             writer.name(uid, registry.op_labels[uid], registry.kinds[uid])
         how = op if shares else f"{op} (copy)" if kind is OpKind.ALIAS else op
@@ -278,8 +285,6 @@ class AliasTracker:
         if shares:
             self._shared_with.setdefault(item_uid, set()).add(source_uid)
             self._shared_with.setdefault(source_uid, set()).add(item_uid)
-        if registry.dead_count() >= PRUNE_EVERY:
-            self._drop_dead()
         # `.data` (tensor to tensor) gets its own version counter: writes through it bypass the
         # source's. A from_numpy tensor has a normal counter; NumPy writes are watched below.
         separate = isinstance(item, torch.Tensor) and isinstance(source, torch.Tensor)

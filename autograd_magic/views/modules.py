@@ -49,7 +49,11 @@ def top_modules(trace: Trace, count: int = 3) -> list[tuple[str, float]]:
 
 
 def top_modules_text(trace: Trace) -> str:
-    """'model.h.*.mlp 62%, model.h.*.attn 30%' or '' when no module saved anything."""
+    """'model.h.*.mlp 62%, model.h.*.attn 30%' or '' when no module saved anything. Only for a
+    finished trace: while it records, module paths still start with a placeholder for the
+    root's name (`<0>.h.1`), resolved when the block ends."""
+    if not trace.finished:
+        return ""
     return ", ".join(f"{path} {share:.0%}" for path, share in top_modules(trace))
 
 
