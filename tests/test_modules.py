@@ -207,3 +207,31 @@ def test_the_live_summary_names_no_module_until_the_block_ends():
     assert "Most saved memory" not in live
     assert dict(summary_items(trace))["Most saved memory"].startswith("model.")
     del out
+
+
+def test_a_transformers_tables_name_modules_and_deep_parameters():
+    """GIVEN a 2-layer nn.TransformerEncoder trained one Adam step WHEN its report is built
+    THEN saved tensors name their module (repeated layers on one row) and the optimizer's
+    writes name parameters five levels deep, as the user would type them."""
+    from autograd_magic.views.text import buffer_table, versions_table
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, nhead=2, dim_feedforward=32, batch_first=True)
+    model = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+    opt = torch.optim.Adam(model.parameters())
+    x = torch.randn(2, 5, 16)
+    with am.track() as trace:
+        model(x).sum().backward()
+        opt.step()
+    table = buffer_table(trace)
+    assert table.headers[:3] == ("node", "module", "tensor")
+    modules = {row[1] for row in table.rows}
+    assert "model.layers.*.self_attn" in modules
+    assert "model.layers.*.linear1" in modules
+    labels = {v.label for v in trace.version_bumps}
+    assert "model.layers.1.self_attn.in_proj_weight" in labels
+    assert "opt.state[model.layers.0.self_attn.out_proj.weight]['exp_avg']" in labels
+    rows = {row[0]: row[3] for row in versions_table(trace).rows if row[1] == "addcdiv_"}
+    # (two layers are too few to merge: each keeps its own row)
+    assert rows["model.layers.0.self_attn.in_proj_weight"] == "0 -> 1"
+    assert rows["model.layers.1.self_attn.in_proj_weight"] == "0 -> 1"

@@ -505,7 +505,9 @@ def test_every_saved_tensor_row_has_a_name_or_an_op_label():
     with am.track() as trace:
         hidden = torch.tanh(lin(x))
         loss = hidden.pow(2).sum()
-    rows = {row[1] for row in buffer_table(trace).rows}
+    table = buffer_table(trace)
+    column = table.headers.index("tensor")
+    rows = {row[column] for row in table.rows}
     assert "" not in rows
     assert "hidden" in rows  # tanh saves its output, which the user called `hidden`
     assert loss.requires_grad

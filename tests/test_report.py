@@ -151,6 +151,30 @@ def test_version_bumps_group_by_tensor_and_op():
     )
 
 
+def test_version_bumps_of_repeated_layers_and_optimizer_state_share_a_row():
+    # GIVEN one Adam step over 4 layers of 2 parameters, and a 2-layer Sequential's weights
+    trace = handmade_trace()
+    bumps = []
+    for i in range(4):
+        for name in ("weight", "bias"):
+            param = f"model.layers.{i}.{name}"
+            bumps.append(VersionBump(param, "addcdiv_", 0, 1, 10, site(19)))
+            bumps.append(VersionBump(f"opt.state[{param}]['exp_avg']", "lerp_", 0, 1, 11, site(19)))
+            bumps.append(VersionBump(f"tensor#{len(bumps)}", "add_", 0, 1, 12, site(19)))
+    bumps += [VersionBump(f"seq.{i}.weight", "add_", 3, 4, 13, site(20)) for i in (0, 2)]
+    trace.version_bumps = bumps
+    rows = {row[:4] for row in versions_table(trace).rows}
+    # THEN each parameter of the repeated layers is one row, with how many tensors it covers
+    assert ("model.layers.*.weight", "addcdiv_", "line 19", "0 -> 1 each (4 tensors)") in rows
+    # AND each optimizer state entry is one row, and so are the step's unnamed temporaries
+    assert ("opt.state[*]['exp_avg']", "lerp_", "line 19", "0 -> 1 each (8 tensors)") in rows
+    assert ("tensor#*", "add_", "line 19", "0 -> 1 each (8 tensors)") in rows
+    # AND two tensors alike keep their own names
+    assert ("seq.0.weight", "add_", "line 20", "3 -> 4") in rows
+    assert ("seq.2.weight", "add_", "line 20", "3 -> 4") in rows
+    assert len(rows) == 6  # weight, bias, exp_avg, temporaries, two seq weights
+
+
 def test_text_report_caps_each_table_and_says_so():
     trace = handmade_trace()
     trace.version_bumps = [

@@ -25,6 +25,7 @@ MAX_CONTAINER_ITEMS = 10_000
 
 
 _DICTS = (dict, OrderedDict)
+_MODULE_PARTS = (torch.nn.Module, torch.Tensor)
 
 
 def _children(obj: Any, path: str, skipped: set[str]) -> Iterator[tuple[Any, str]]:
@@ -155,8 +156,12 @@ def walk_namespace(
         if steps % 512 == 0 and time.perf_counter() > deadline:
             return False
         if depth < max_depth:
+            # A module's submodules and tensors cost no depth: `model.encoder.layers.0.self_attn
+            # .in_proj_weight` is as close to the user as `model`; the tree is finite.
+            in_module = issubclass(type(obj), torch.nn.Module)
             for child, child_path in _children(obj, path, skipped):
-                queue.append((child, child_path, depth + 1))
+                step = 0 if in_module and issubclass(type(child), _MODULE_PARTS) else 1
+                queue.append((child, child_path, depth + step))
     return True
 
 

@@ -182,28 +182,38 @@ def _buffer_kind(buffer: object) -> str:
 
 def buffer_table(trace: Trace, node_ids: set[int] | None = None) -> Table:
     """Saved tensors, still-held first then largest; restricted to `node_ids` when given.
-    Tensors alike in all but their node (a loop's steps) share one row: 'AddmmBackward0 (x1,000)'.
-    """
+    Tensors alike in all but their node (a loop's steps, repeated layers) share one row:
+    'AddmmBackward0 (x1,000)'. A module column appears when the block ran modules."""
+    with_module = any(b.module for b in trace.buffers)
     groups: dict[tuple[str, ...], list[SavedBuffer]] = {}
     for b in trace.buffers:
         if node_ids is None or b.node_id in node_ids:
-            groups.setdefault(_buffer_row(trace, b, with_node=False), []).append(b)
+            key = (*_buffer_row(trace, b, with_node=False), _pattern(b.module or ""))
+            groups.setdefault(key, []).append(b)
     ordered = sorted(groups.items(), key=lambda kv: (kv[1][0].freed, -kv[1][0].nbytes, kv[1][0].id))
     rows = []
     for key, members in ordered[:MAX_TABLE_ROWS]:
         if len(members) == 1:
-            rows.append(_buffer_row(trace, members[0], with_node=True))
+            row = _buffer_row(trace, members[0], with_node=True)
         else:
             node = trace.node(members[0].node_id) if members[0].node_id is not None else None
             name = "?" if node is None else node.name
-            rows.append((f"{name} (x{len(members):,})", *key[1:5], f"{key[5]} each", *key[6:]))
+            row = (f"{name} (x{len(members):,})", *key[1:5], f"{key[5]} each", *key[6:-1])
+        if with_module:
+            modules = {b.module for b in members}
+            module = members[0].module or "" if len(modules) == 1 else key[-1]
+            row = (row[0], module, *row[1:])
+        rows.append(row)
     total = sum(len(m) for m in groups.values())
     note = ""
     if len(groups) > MAX_TABLE_ROWS:
         note = (
             f"Showing the first {MAX_TABLE_ROWS} of {len(groups):,} rows ({total:,} saved tensors)."
         )
-    headers = ("node", "tensor", "shape", "dtype", "device", "bytes", "kind", "saved", "state")
+    headers: tuple[str, ...] = ("node", "tensor", "shape", "dtype", "device", "bytes", "kind")
+    headers = (*headers, "saved", "state")
+    if with_module:
+        headers = (headers[0], "module", *headers[1:])
     return Table("Saved tensors", headers, tuple(rows), note)
 
 
@@ -255,7 +265,9 @@ def storage_table(trace: Trace) -> Table:
 
 def versions_table(trace: Trace) -> Table:
     """In-place writes grouped per tensor, op and line, in order; a loop's repeated writes share
-    one row ('1 -> 1001 (1,000 writes)'); writes that bypass the counter flagged."""
+    one row ('1 -> 1001 (1,000 writes)'), and so do the same layer's tensors in repeated layers
+    ('model.layers.*.weight ... (4 tensors)') and one optimizer state entry of every parameter
+    (`opt.state[*]['exp_avg']`); writes that bypass the counter flagged."""
     groups: dict[tuple[str, ...], list[VersionBump]] = {}
     for bump in sorted(trace.version_bumps, key=lambda v: (_natural(v.label), v.seq)):
         if bump.bypass:
@@ -263,15 +275,14 @@ def versions_table(trace: Trace) -> Table:
             flag = f"BYPASS{via}: version unchanged, autograd cannot see this write"
         else:
             flag = ""
-        key = (bump.label, bump.op, where(bump.site), ", ".join(bump.affected), flag)
+        key = (_pattern(bump.label), bump.op, where(bump.site), ", ".join(bump.affected), flag)
         groups.setdefault(key, []).append(bump)
     rows = []
-    for (label, op, at, affected, flag), bumps in groups.items():
-        version = f"{bumps[0].old} -> {bumps[-1].new}"
-        if len(bumps) > 1:
-            version += f" ({len(bumps):,} writes)"
-        hits = sum(len(b.hit_buffers) for b in bumps)
-        rows.append((label, op, at, version, affected, str(hits) if hits else "", flag))
+    for (_, op, at, affected, flag), bumps in groups.items():
+        for label, members in _merged_or_split(bumps):
+            hits = sum(len(b.hit_buffers) for b in members)
+            row = (label, op, at, _versions(members), affected, str(hits) if hits else "", flag)
+            rows.append(row)
     headers = (
         "tensor",
         "op",
@@ -282,6 +293,46 @@ def versions_table(trace: Trace) -> Table:
         "warning",
     )
     return Table("Version bumps", headers, tuple(rows[:MAX_TABLE_ROWS]), cut_note(len(rows)))
+
+
+# A layer number inside a path (`layers.3.` or `h.3]`): repeated layers share a row.
+_LAYER_INDEX = re.compile(r"(?<=\.)\d+(?=[.\[\]]|$)")
+# One optimizer step writes the same state entry of every parameter: one row per entry.
+_OPTIMIZER_STATE = re.compile(r"\.state\[.*\]\[('[^']*')\]$")
+_UNNAMED = re.compile(r"^tensor#\d+$")
+MIN_MERGED = 3
+
+
+def _merged_or_split(bumps: list[VersionBump]) -> list[tuple[str, list[VersionBump]]]:
+    """One row under the pattern for `MIN_MERGED` tensors or more, else a row per tensor."""
+    by_label: dict[str, list[VersionBump]] = {}
+    for bump in bumps:
+        by_label.setdefault(bump.label, []).append(bump)
+    if len(by_label) >= MIN_MERGED:
+        return [(_pattern(bumps[0].label), bumps)]
+    return list(by_label.items())
+
+
+def _pattern(label: str) -> str:
+    """`model.layers.*.weight`, `opt.state[*]['exp_avg']`, `tensor#*`: what repeats shares a row."""
+    label = _OPTIMIZER_STATE.sub(r".state[*][\1]", _LAYER_INDEX.sub("*", label))
+    return _UNNAMED.sub("tensor#*", label)
+
+
+def _versions(bumps: list[VersionBump]) -> str:
+    """'1 -> 2', '1 -> 1001 (1,000 writes)', '0 -> 1 each (4 tensors)'."""
+    spans: dict[str, list[int]] = {}
+    for bump in bumps:
+        span = spans.setdefault(bump.label, [bump.old, bump.new])
+        span[1] = bump.new
+    if len(spans) == 1:
+        text = f"{bumps[0].old} -> {bumps[-1].new}"
+        return text + (f" ({len(bumps):,} writes)" if len(bumps) > 1 else "")
+    uniform = len({tuple(s) for s in spans.values()}) == 1
+    old, new = next(iter(spans.values())) if uniform else (None, None)
+    text = f"{old} -> {new} each" if uniform else "various"
+    writes = f", {len(bumps):,} writes" if len(bumps) > len(spans) else ""
+    return f"{text} ({len(spans):,} tensors{writes})"
 
 
 def _natural(label: str) -> tuple:
