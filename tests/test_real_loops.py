@@ -540,3 +540,19 @@ def test_findings_in_an_execd_script_point_at_the_scripts_lines(tmp_path):
     # THEN the lines are the script's (the exec call is line 2 of the cell)
     assert kept.line == 7 and kept.related_lines == (5,)
     assert "(`losses.append(loss)`)" in kept.message
+
+
+def test_traces_kept_from_earlier_cells_do_not_use_up_the_naming_time():
+    # GIVEN a namespace holding a large trace from an earlier block (`%%trackgraph -o kept`)
+    x = torch.ones(4, requires_grad=True)
+    with am.track() as kept:
+        history = [x * i for i in range(30_000)]
+    assert len(kept.nodes) >= 30_000
+    del history
+    # WHEN a small block runs with a small time budget for naming
+    with am.track(name_budget_s=0.05) as trace:
+        y = x.exp()
+    # THEN naming finished (no blind spot) and the new tensor is named
+    assert [b.kind for b in trace.blindspots] == []
+    assert {b.label for b in trace.buffers} == {"y"}
+    assert kept.finished

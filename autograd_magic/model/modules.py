@@ -30,17 +30,18 @@ def module_stats(trace: Trace) -> list[ModuleStats]:
             nodes[node.module] = nodes.get(node.module, 0) + 1
             paths.add(node.module)
     own: dict[str, int] = {}
-    events: dict[str, list[tuple[int, int]]] = {}
+    events: dict[str, list[tuple[int, int, int, int]]] = {}
     for buffer in trace.buffers:
         if buffer.module is None or buffer.is_leaf:
             continue
         paths.add(buffer.module)
         own[buffer.module] = own.get(buffer.module, 0) + buffer.nbytes
+        storage = buffer.storage_key or -buffer.id
         for path in _ancestors(buffer.module):
             timeline = events.setdefault(path, [])
-            timeline.append((buffer.saved_seq, buffer.nbytes))
+            timeline.append((buffer.saved_seq, 1, storage, buffer.nbytes))
             if buffer.freed_seq is not None:
-                timeline.append((buffer.freed_seq, -buffer.nbytes))
+                timeline.append((buffer.freed_seq, -1, storage, buffer.nbytes))
     total: dict[str, int] = {}
     created: dict[str, int] = {}
     for path in paths:
@@ -62,10 +63,20 @@ def module_stats(trace: Trace) -> list[ModuleStats]:
     return sorted(stats, key=lambda m: (-m.saved_bytes, m.path))
 
 
-def _peak(events: list[tuple[int, int]]) -> int:
-    """The largest running sum of (sequence, +bytes saved / -bytes released) events."""
+def _peak(events: list[tuple[int, int, int, int]]) -> int:
+    """The most bytes held at once, from (sequence, +1 saved / -1 released, storage, bytes)
+    events; a storage saved twice (ReLU's output, saved by the ReLU and the next Linear) counts
+    once while either holds it, as in the summary's retained bytes."""
+    held: dict[int, list[int]] = {}  # storage -> [holders, bytes counted for it]
     level = peak = 0
-    for _, delta in sorted(events):
-        level += delta
+    for _, step, storage, nbytes in sorted(events):
+        entry = held.setdefault(storage, [0, 0])
+        entry[0] += step
+        if step == 1 and nbytes > entry[1]:
+            level += nbytes - entry[1]  # the largest view of a storage saved so far
+            entry[1] = nbytes
+        elif entry[0] == 0:
+            level -= entry[1]
+            entry[1] = 0
         peak = max(peak, level)
     return peak

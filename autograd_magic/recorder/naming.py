@@ -26,6 +26,7 @@ MAX_CONTAINER_ITEMS = 10_000
 
 _DICTS = (dict, OrderedDict)
 _MODULE_PARTS = (torch.nn.Module, torch.Tensor)
+_OWN_PACKAGE = __name__.split(".")[0] + "."
 
 
 def _children(obj: Any, path: str, skipped: set[str]) -> Iterator[tuple[Any, str]]:
@@ -51,6 +52,10 @@ def _children(obj: Any, path: str, skipped: set[str]) -> Iterator[tuple[Any, str
         yield from _optimizer_state(obj, path)
         return
     if issubclass(kind, torch.Tensor) or kind.__module__ == "numpy":
+        return
+    if kind.__module__.startswith(_OWN_PACKAGE):
+        # Traces stored by earlier cells (`-o NAME`) hold records, not the user's tensors:
+        # walking their thousands of records would spend the naming budget for nothing.
         return
     attrs = _instance_dict(obj, kind)
     if attrs is None:

@@ -36,8 +36,8 @@ _ANALYSES: tuple[Callable[[Trace, RecordIndex], list[Finding]], ...] = (
 
 
 def analyze(trace: Trace) -> list[Finding]:
-    """All findings for a finished trace: a root cause and its consequences first, then the rest
-    in the order of the lines they point at."""
+    """All findings for a finished trace: a root cause and its consequences first, then what
+    keeps graphs alive, then the rest in the order of the lines they point at."""
     graph = RecordIndex(trace)
     findings = [f for analysis in _ANALYSES for f in analysis(trace, graph)]
     growing = {f.holder for f in findings if f.kind == "graph-growth"}
@@ -46,7 +46,16 @@ def analyze(trace: Trace) -> list[Finding]:
     consequences = {id(f) for f in graph.consequences}
 
     def rank(f: Finding) -> tuple[int, int, int]:
-        first = 0 if f.kind == "graph-growth" else 1 if id(f) in consequences else 2
+        # A variable keeping graphs alive explains the writes and errors on those graphs.
+        first = (
+            0
+            if f.kind == "graph-growth"
+            else 1
+            if id(f) in consequences
+            else 2
+            if f.kind == "kept-alive"
+            else 3
+        )
         return (first, f.line or 0, KINDS.index(f.kind))
 
     return sorted(findings, key=rank)

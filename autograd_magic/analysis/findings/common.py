@@ -110,7 +110,7 @@ def name_list(names: Iterable[str], noun: str) -> str:
     unique = list(dict.fromkeys(names))
     if len(unique) <= 3:
         return ", ".join(unique)
-    return f"{unique[0]}, {unique[1]}, ... ({len(unique)} {noun})"
+    return f"{unique[0]}, {unique[1]}, ... ({len(unique):,} {noun})"
 
 
 def because(graph: RecordIndex) -> str:

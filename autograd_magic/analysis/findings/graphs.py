@@ -65,7 +65,7 @@ def _kept_alive_chain(path: str, root: NodeRecord, graph: RecordIndex) -> Findin
     line = cell_line(root.born_site)
     message = (
         f"`{path}` keeps every iteration's graph alive: line {line}{quoted_source(root.born_site)} "
-        f"adds each new result to it, so {len(epochs)} iterations' graphs ({len(nodes)} nodes"
+        f"adds each new result to it, so {len(epochs):,} iterations' graphs ({len(nodes):,} nodes"
         f"{', ' + format_bytes(nbytes) + ' saved' if nbytes else ''}) are chained together and "
         f"never freed. Accumulate a number instead: `{path} += loss.item()` (or `loss.detach()`)."
     )
@@ -94,13 +94,13 @@ def _kept_alive_container(path: str, roots: list[NodeRecord], graph: RecordIndex
         else "; a backward already released their saved tensors, so only the nodes remain"
     )
     what = (
-        f"{len(roots)} tensors that still carry their autograd graphs"
+        f"{len(roots):,} tensors that still carry their autograd graphs"
         if len(roots) > 1
         else "a tensor that still carries its autograd graph"
     )
     taken = f"line {line}{_quoted_line(graph.trace, line)} keeps " if line != computed else ""
     message = (
-        f"`{path}` holds {what} ({len(nodes)} nodes{saved}): {taken}what line {computed}"
+        f"`{path}` holds {what} ({len(nodes):,} nodes{saved}): {taken}what line {computed}"
         f"{quoted_source(first.born_site)} computed; the graphs stay in memory as long as "
         f"`{path}` does. Keep `.item()` or `.detach()` of the value instead of the tensor itself."
     )
@@ -161,7 +161,7 @@ def graph_growth(trace: Trace, graph: RecordIndex) -> list[Finding]:
     ok = [c for c in calls if c.error is None]
     grew = (
         f", and the graph grew from {ok[0].graph_nodes} to {ok[-1].graph_nodes} nodes over "
-        f"{len(ok) + 1} backward calls"
+        f"{len(ok) + 1:,} backward calls"
         if len(ok) > 1 and ok[-1].graph_nodes > ok[0].graph_nodes
         else ""
     )
@@ -288,10 +288,10 @@ def retained_graph(trace: Trace, graph: RecordIndex) -> list[Finding]:
             continue
         holder = _root_name(trace, calls[-1].root_ids)
         # Every call counts, the one that raised too: the user ran the line that many times.
-        times = f" (called {len(every)} times)" if len(every) > 1 else ""
+        times = f" (called {len(every):,} times)" if len(every) > 1 else ""
         keeper = f" as long as `{holder}` is alive" if holder else " until the graph is dropped"
         kept_text = (
-            f"{format_bytes(nbytes)} of saved tensors ({len(kept)} buffers, saved at line "
+            f"{format_bytes(nbytes)} of saved tensors ({len(kept):,} buffers, saved at line "
             f"{line_list(cell_line(b.saved_site) for b in kept)}) that no later backward released; "
             f"they stay in memory{keeper}."
         )
@@ -497,10 +497,10 @@ def _leftover_finding(
     line = cell_line(root.born_site)
     last = trace.backward_calls[-1]
     message = (
-        f"`{holder}` still holds {len(chain)} results of line {line}"
+        f"`{holder}` still holds {len(chain):,} results of line {line}"
         f"{quoted_source(root.born_site)} made after the last backward (line "
         f"{cell_line(last.site)}): no backward used them, so they add nothing to the gradients "
-        f"({len(part)} nodes{', ' + format_bytes(nbytes) + ' saved' if nbytes else ''}) and "
+        f"({len(part):,} nodes{', ' + format_bytes(nbytes) + ' saved' if nbytes else ''}) and "
         f"are dropped when `{holder}` is rebound. If a partial batch is left at the end of the "
         f"loop, call backward on it too."
     )
@@ -527,7 +527,7 @@ def _unused_finding(
     )
     if not trace.backward_calls:
         message = (
-            f"Line {line}{quoted_source(site)} built {len(roots)} autograd graph"
+            f"Line {line}{quoted_source(site)} built {len(roots):,} autograd graph"
             f"{'s' if len(roots) > 1 else ''} that no backward used, saving up to "
             f"{format_bytes(peak)} of tensors each for a backward that never came. For inference, "
             f"run it under `with torch.no_grad():` (or `torch.inference_mode()`); if you call "
@@ -544,7 +544,7 @@ def _unused_finding(
         else ""
     )
     message = (
-        f"{len(roots)} graph{'s' if many else ''} built at line {line}"
+        f"{len(roots):,} graph{'s' if many else ''} built at line {line}"
         f"{quoted_source(site)} never reached a backward; {'each' if many else 'it'} was freed "
         f"with its output{when}, "
         f"holding up to {format_bytes(peak)} of saved tensors until then. If you only need "
