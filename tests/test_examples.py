@@ -54,6 +54,10 @@ def _dump(trace):
         ],
         "nodes_freed_at": sorted({{n.freed_line for n in trace.nodes if not n.alive}}),
         "buffers_released_at": sorted({{b.freed_line for b in trace.buffers if b.freed}}),
+        "modules": [
+            {{"path": m.path, "saved": m.saved_bytes, "peak": m.peak_retained_bytes}}
+            for m in trace.modules()
+        ],
     }}
 
 print({MARK!r} + _json.dumps(
@@ -182,6 +186,7 @@ EXPECTED_NOTEBOOKS = [
     "05_copies",
     "06_growing_graph",
     "07_what_keeps_graphs_alive",
+    "08_real_models",
     "quickstart",
 ]
 
@@ -401,6 +406,34 @@ def test_total_loss_list_and_attribute_each_keep_graphs_and_item_is_clean(run_no
     assert "`criterion.loss` still holds the last" in unused["message"]
     # AND keeping numbers is clean
     assert run.kinds("fixed") == []
+    assert_committed_outputs_match(run)
+
+
+# ----- 8: real models -------------------------------------------------------------------------
+def test_real_models_name_the_layers_that_save_and_the_list_that_holds(run_notebook):
+    run = run_notebook("08_real_models")
+    # THEN the transformer step's saved memory is attributed to its layers, attention first
+    modules = {m["path"]: m for m in run.traces["train_step"]["modules"]}
+    assert run.traces["train_step"]["modules"][0]["path"] == "model"
+    layers = [modules[f"model.encoder.layers.{i}"]["saved"] for i in range(4)]
+    assert len(set(layers)) == 1 and layers[0] > 0
+    attention = modules["model.encoder.layers.0.self_attn"]["saved"]
+    assert attention > layers[0] / 2
+    assert run.kinds("train_step") == []
+    assert run.panel("train_step")["Most saved memory"].startswith(
+        "model.encoder.layers.*.self_attn"
+    )
+    # AND the 1,000-step loop's validation outputs are named as what holds the graphs, first
+    assert run.kinds("kept")[0] == "kept-alive"
+    kept = run.only("kept", "kept-alive")
+    assert kept["holder"] == "val_outputs"
+    assert kept["line"] == run.line("kept", "val_outputs.append(net(val_data))")
+    held = {m["path"]: m["peak"] for m in run.traces["kept"]["modules"]}
+    assert held["net"] == run.traces["kept"]["snapshot"]["retained_bytes"] > 1_000_000
+    assert run.panel("kept")["Backward calls"] == "1,000"
+    # AND validating under no_grad is clean
+    assert run.kinds("fixed") == []
+    assert run.traces["fixed"]["snapshot"]["retained_bytes"] == 0
     assert_committed_outputs_match(run)
 
 

@@ -238,3 +238,25 @@ def test_a_transformers_tables_name_modules_and_deep_parameters():
     # (two layers are too few to merge: each keeps its own row)
     assert rows["model.layers.0.self_attn.in_proj_weight"] == "0 -> 1"
     assert rows["model.layers.1.self_attn.in_proj_weight"] == "0 -> 1"
+
+
+def test_the_module_table_shows_identical_repeated_layers_once():
+    """GIVEN a 4-layer encoder behind an input projection (so every layer gets an activation,
+    and all four save alike) WHEN its module table is built THEN layer 0 is expanded and layers
+    1-3 are one row saying they are alike."""
+    from autograd_magic.views.modules import module_table
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, nhead=2, dim_feedforward=32, batch_first=True)
+    encoder = nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False)
+    model = nn.Sequential(nn.Linear(16, 16), encoder)
+    with am.track() as trace:
+        out = model(torch.randn(2, 5, 16))
+    rows = [(row[0].strip(), row[1]) for row in module_table(trace).rows]
+    assert ("0", "TransformerEncoderLayer") in rows
+    assert ("self_attn", "MultiheadAttention") in rows
+    assert ("1-3", "TransformerEncoderLayer x3 (each as 0)") in rows
+    assert sum(name == "self_attn" for name, _ in rows) == 1
+    # every module is still in trace.modules(): 4 outer ones and 9 in each layer
+    assert len(trace.modules()) == 4 + 4 * 9
+    del out

@@ -555,4 +555,4 @@ def test_traces_kept_from_earlier_cells_do_not_use_up_the_naming_time():
     # THEN naming finished (no blind spot) and the new tensor is named
     assert [b.kind for b in trace.blindspots] == []
     assert {b.label for b in trace.buffers} == {"y"}
-    assert kept.finished
+    assert kept.finished and y.requires_grad

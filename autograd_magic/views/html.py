@@ -97,6 +97,9 @@ def first_rows(table: Table, limit: int = STATIC_TABLE_ROWS) -> Table:
     return Table(table.title, table.headers, table.rows[:limit], f"{note} {table.note}".strip())
 
 
+NOWRAP_CHARS = 32
+
+
 def first_sentences(
     items: list[Sentence], what: str, limit: int = STATIC_TABLE_ROWS
 ) -> list[Sentence]:
@@ -109,6 +112,11 @@ def first_sentences(
     return [*kept, Sentence(note, None, "note")]
 
 
+def _nowrap(text: str) -> str:
+    """Short cells (`12.0 MiB`, a shape, a bar) stay on one line; long ones may wrap."""
+    return ";white-space:nowrap" if len(text) <= NOWRAP_CHARS else ""
+
+
 def table_html(table: Table, flag_column: int | None = None) -> str:
     """A bordered HTML table; rows with a non-empty `flag_column` are flagged."""
     if not table.rows:
@@ -119,12 +127,14 @@ def table_html(table: Table, flag_column: int | None = None) -> str:
     for row in table.rows:
         flagged = flag_column is not None and bool(row[flag_column])
         style = f"{cell};{FLAG_STYLE}" if flagged else cell
-        body.append("<tr>" + "".join(f'<td style="{style}">{html.escape(c)}</td>' for c in row))
+        cells = (f'<td style="{style}{_nowrap(c)}">{html.escape(c)}</td>' for c in row)
+        body.append("<tr>" + "".join(cells))
     note = f'<div style="{MUTED_STYLE}">{html.escape(table.note)}</div>' if table.note else ""
     return div(
         f"<b>{html.escape(table.title)}</b>"
-        f'<table style="border-collapse:collapse;margin:4px 0">'
-        f"<tr>{head}</tr>{''.join(body)}</table>{note}",
+        # A wide table scrolls sideways in its own box rather than being cut by the panel.
+        f'<div style="overflow-x:auto"><table style="border-collapse:collapse;margin:4px 0">'
+        f"<tr>{head}</tr>{''.join(body)}</table></div>{note}",
         "margin:6px 0",
     )
 

@@ -10,7 +10,8 @@ from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import format_bytes
 from autograd_magic.views.tables import MAX_TABLE_ROWS, Table
 
-BAR_WIDTH = 16
+BAR_WIDTH = 10
+INDENT = "\u00a0" * 3
 _INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")
 
 
@@ -28,7 +29,8 @@ def _bar(share: float) -> str:
 
 def top_modules(trace: Trace, count: int = 3) -> list[tuple[str, float]]:
     """The repeated structures whose own ops saved the most, with their share of all the bytes
-    saved inside modules: [('encoder.layers.*.self_attn', 0.45), ...]."""
+    saved inside modules: [('encoder.layers.*.self_attn', 0.45), ...]; a module that also has
+    submodules is named with ' (own ops)'."""
     stats = trace.modules()
     total = sum(m.self_saved_bytes for m in stats)
     if total <= 0:
@@ -39,9 +41,13 @@ def top_modules(trace: Trace, count: int = 3) -> list[tuple[str, float]]:
     for m in stats:
         if m.self_saved_bytes:
             groups.setdefault((pattern_of(m.path), m.type), []).append(m)
+    parents = {m.path.rpartition(".")[0] for m in stats}
     by_pattern: dict[str, int] = {}
     for (pattern, _), members in groups.items():
         name = pattern if len(members) > 1 else members[0].path
+        if members[0].path in parents:
+            # Its submodules have their own entries: these are the bytes of its own ops.
+            name += " (own ops)"
         by_pattern[name] = by_pattern.get(name, 0) + sum(m.self_saved_bytes for m in members)
     ranked = sorted(by_pattern.items(), key=lambda kv: (-kv[1], kv[0]))[:count]
     # Shares that round to 0% say nothing.
@@ -59,7 +65,9 @@ def top_modules_text(trace: Trace) -> str:
 
 def module_table(trace: Trace, limit: int = MAX_TABLE_ROWS) -> Table:
     """One row per module, as a tree (children under their parent, largest first), with saved
-    bytes including submodules, the module's own share, calls and the peak held at once."""
+    bytes including submodules, the module's own share, calls and the peak held at once.
+    Repeated layers identical to the first of them (same class, numbers and submodules) share
+    one row under it: '1-3  TransformerEncoderLayer x3 (each as 0)'."""
     stats = trace.modules()
     if not stats:
         return Table("Memory by module", (), ())
@@ -76,22 +84,20 @@ def module_table(trace: Trace, limit: int = MAX_TABLE_ROWS) -> Table:
     rows: list[tuple[str, ...]] = []
 
     def add(m: ModuleStats, depth: int) -> None:
-        name = m.path if depth == 0 else "  " * depth + m.path.rpartition(".")[2]
-        share = m.saved_bytes / whole
-        rows.append(
-            (
-                name,
-                m.type,
-                f"{_bar(share)} {share:.0%}" if m.saved_bytes else "",
-                format_bytes(m.saved_bytes),
-                format_bytes(m.self_saved_bytes),
-                format_bytes(m.peak_retained_bytes),
-                f"{m.calls:,}",
-                f"{m.nodes_created:,}",
-            )
-        )
-        for child in children.get(m.path, ()):
-            add(child, depth + 1)
+        # No-break spaces: the tree keeps its indentation in HTML as in text.
+        name = m.path if depth == 0 else INDENT * depth + _last(m.path)
+        rows.append((name, m.type, *_numbers(m, whole)))
+        for first, same in _repeats(children.get(m.path, []), children):
+            add(first, depth + 1)
+            if same:
+                names = _span([_last(x.path) for x in same])
+                like = _last(first.path)
+                what = (
+                    f"{first.type} x{len(same)} (each as {like})"
+                    if len(same) > 1
+                    else (f"{first.type} (as {like})")
+                )
+                rows.append((INDENT * (depth + 1) + names, what, *_numbers(first, whole)))
 
     for root in roots:
         add(root, 0)
@@ -100,3 +106,51 @@ def module_table(trace: Trace, limit: int = MAX_TABLE_ROWS) -> Table:
         note = f"Showing {limit} of {len(rows):,} modules."
     headers = ("module", "type", "share", "saved", "own ops", "peak held", "calls", "nodes")
     return Table("Memory by module", headers, tuple(rows[:limit]), note)
+
+
+def _numbers(m: ModuleStats, whole: int) -> tuple[str, ...]:
+    share = m.saved_bytes / whole
+    return (
+        f"{_bar(share)} {share:.0%}".lstrip() if m.saved_bytes else "",
+        format_bytes(m.saved_bytes),
+        format_bytes(m.self_saved_bytes),
+        format_bytes(m.peak_retained_bytes),
+        f"{m.calls:,}",
+        f"{m.nodes_created:,}",
+    )
+
+
+def _last(path: str) -> str:
+    return path.rpartition(".")[2]
+
+
+def _signature(m: ModuleStats, children: dict[str, list[ModuleStats]]) -> tuple:
+    """What a module shows, its name aside: class, numbers, and its submodules' signatures."""
+    own = (m.type, m.saved_bytes, m.self_saved_bytes, m.peak_retained_bytes, m.calls)
+    below = tuple((_last(c.path), _signature(c, children)) for c in children.get(m.path, []))
+    return (*own, m.nodes_created, below)
+
+
+def _repeats(
+    siblings: list[ModuleStats], children: dict[str, list[ModuleStats]]
+) -> list[tuple[ModuleStats, list[ModuleStats]]]:
+    """Siblings grouped by signature, in order: (the first, the numbered others alike)."""
+    groups: dict[tuple, tuple[ModuleStats, list[ModuleStats]]] = {}
+    for m in siblings:
+        if not _last(m.path).isdigit():
+            groups[(m.path,)] = (m, [])
+            continue
+        key = _signature(m, children)
+        if key in groups:
+            groups[key][1].append(m)
+        else:
+            groups[key] = (m, [])
+    return list(groups.values())
+
+
+def _span(names: list[str]) -> str:
+    """['1', '2', '3'] -> '1-3'; ['1', '3'] -> '1, 3'."""
+    numbers = sorted(int(n) for n in names)
+    if numbers == list(range(numbers[0], numbers[-1] + 1)) and len(numbers) > 2:
+        return f"{numbers[0]}-{numbers[-1]}"
+    return ", ".join(str(n) for n in numbers)

@@ -129,6 +129,11 @@ class Lab:
             settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings",
             {"fetchNews": "false", "checkForUpdates": False},
         )
+        # Every cell rendered, in view or not (the default skips cells scrolled out of view).
+        write_json(
+            settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings",
+            {"windowingMode": "none"},
+        )
         return env
 
     def start(self) -> None:
@@ -440,3 +445,87 @@ def test_quickstart_panel_renders_in_jupyterlab(lab: Lab, page: Any, tmp_path: P
     finally:
         after = hashlib.sha256(notebook.read_bytes()).hexdigest()
         assert after == before, f"{NOTEBOOK} was modified by the browser session"
+
+
+REAL_MODELS = "examples/08_real_models.ipynb"
+REAL_PANELS = ("train_step", "kept", "fixed")  # its %%trackgraph -o cells, in order
+
+
+def open_and_run(lab: Lab, page: Any, notebook: str, panels: int) -> list[str]:
+    """Open `notebook`, clear its outputs, run every cell; the finished panels' texts."""
+    page.goto(f"{lab.url}/lab/tree/{notebook}?token={lab.token}", timeout=120_000)
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120_000)
+    wait_for_kernel_idle(page, 120)
+    menu(page, "Edit", "Clear Outputs of All Cells")
+    page.wait_for_timeout(500)
+    menu(page, "Run", "Run All Cells")
+    deadline = time.monotonic() + RUN_S
+    while time.monotonic() < deadline:
+        dismiss_dialogs(page)
+        if sum("finished" in t for t in panel_texts(page)) == panels:
+            break
+        page.wait_for_timeout(1000)
+    return panel_texts(page)
+
+
+def set_theme(page: Any, theme: str) -> None:
+    """Switch JupyterLab to "JupyterLab Light" or "JupyterLab Dark" (a saved setting: it lasts)."""
+    menu(page, "Settings", "Theme")
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(f"^{theme}$")).click()
+    light = "true" if theme.endswith("Light") else "false"
+    page.wait_for_function(f"document.body.dataset.jpThemeLight === '{light}'", timeout=30_000)
+    page.wait_for_timeout(1000)
+
+
+def modules_tab(widget: Any) -> Any:
+    """Select the panel's Modules tab; its content."""
+    widget.locator(".lm-TabBar-tab", has_text=re.compile(r"^Modules\b")).click()
+    content = widget.locator(".widget-tab-contents > :visible").first
+    content.wait_for(timeout=10_000)
+    return content
+
+
+def test_modules_view_of_a_transformer_and_a_long_loop_in_both_themes(
+    lab: Lab, page: Any, tmp_path: Path
+) -> None:
+    notebook = ROOT / REAL_MODELS
+    before = hashlib.sha256(notebook.read_bytes()).hexdigest()
+    shots = Path(os.environ.get("AUTOGRAD_MAGIC_SCREENSHOT_DIR") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    try:
+        # GIVEN the real-models notebook run in JupyterLab (a tall window: whole panels in view)
+        page.set_viewport_size({"width": 1280, "height": 2400})
+        texts = open_and_run(lab, page, REAL_MODELS, len(REAL_PANELS))
+        set_theme(page, "JupyterLab Light")  # the other test may have left it dark
+        assert len(texts) == len(REAL_PANELS), f"{texts}\n{lab.log()}"
+        assert all(t.startswith("autograd_magic — finished") for t in texts), texts
+        widgets = page.locator(WIDGET_OUTPUT).filter(has_text="autograd_magic")
+        step, kept = widgets.nth(0), widgets.nth(1)
+        # THEN the transformer's summary names the attention layers
+        assert "Most saved memory model.encoder.layers.*.self_attn" in texts[0], texts[0][:600]
+        # WHEN the Modules tab of the transformer step and of the 1,000-step loop is opened
+        for name, widget in (("transformer", step), ("long-loop", kept)):
+            content = modules_tab(widget)
+            text = " ".join(content.inner_text().split())
+            # THEN it shows the module tree with types, shares and bytes
+            if name == "transformer":
+                for expected in ("TransformerEncoderLayer", "self_attn", "MultiheadAttention"):
+                    assert expected in text, (expected, text[:800])
+            else:
+                assert "ReLU" in text and "Sequential" in text, text[:800]
+                assert "2,000" in text  # calls: training and validation forwards
+            widget.scroll_into_view_if_needed()
+            widget.screenshot(path=str(shots / f"modules-{name}-light.png"))
+            assert min_contrast(widget) >= 4.5, name
+        # AND in the dark theme every text in both stays readable
+        set_theme(page, "JupyterLab Dark")
+        for name, widget in (("transformer", step), ("long-loop", kept)):
+            widget.scroll_into_view_if_needed()
+            widget.screenshot(path=str(shots / f"modules-{name}-dark.png"))
+            dark = min_contrast(widget)
+            print(f"{name}: lowest text contrast in the dark theme {dark:.2f}")
+            assert dark >= 4.5, (name, dark)
+        print(f"Modules view screenshots: {sorted(str(p) for p in shots.glob('modules-*.png'))}")
+    finally:
+        after = hashlib.sha256(notebook.read_bytes()).hexdigest()
+        assert after == before, f"{REAL_MODELS} was modified by the browser session"
