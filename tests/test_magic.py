@@ -73,6 +73,8 @@ def test_text_option_prints_the_report_with_cell_lines(shell):
         captured.stdout
     )
     assert captured.outputs == []  # no widget with --text
+    # (the graph is still held by `loss` when the cell ends: said of the cell, not of a block)
+    assert "When the cell ended, " in captured.stdout
 
 
 def test_panel_is_displayed_with_numbers_and_static_fallback(shell, panels):

@@ -231,7 +231,7 @@ def test_a_clean_cell_says_no_findings_and_nothing_about_an_empty_end_state():
     with autograd_magic.track() as trace:
         kept = (w * 2).exp()
     assert sentences(trace)[-1].text == (
-        "When the cell ended, 3 autograd nodes were still alive, holding 12 B of saved tensors "
+        "When the block ended, 3 autograd nodes were still alive, holding 12 B of saved tensors "
         "(peak 12 B)."
     )
     del kept

@@ -81,7 +81,8 @@ def sentences(trace: Trace) -> list[Sentence]:
         s = trace.snapshot()
         out.append(
             Sentence(
-                f"When the cell ended, {s.live_nodes:,} autograd nodes were still alive, holding "
+                f"When the {_block_word(trace)} ended, {s.live_nodes:,} autograd nodes were still "
+                "alive, holding "
                 f"{format_bytes(s.retained_bytes)} of saved tensors "
                 f"(peak {format_bytes(s.peak_retained_bytes)}).",
                 None,
@@ -89,6 +90,18 @@ def sentences(trace: Trace) -> list[Sentence]:
             )
         )
     return out
+
+
+def _block_word(trace: Trace) -> str:
+    """'cell' for a notebook or IPython cell, 'block' for a `with track():` in a script."""
+    sites = [n.born_site for n in trace.nodes[:1]] + [b.saved_site for b in trace.buffers[:1]]
+    for site in sites:
+        return "cell" if _CELL_FILE.search(site.file) else "block"
+    return "cell"
+
+
+# Where IPython and ipykernel compile cells: `<ipython-input-3-...>`, `/tmp/ipykernel_7/12.py`.
+_CELL_FILE = re.compile(r"^<ipython-input-|[/\\]ipykernel_\d+[/\\]")
 
 
 def backward_sentences(trace: Trace) -> list[Sentence]:
