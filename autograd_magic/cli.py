@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import traceback
 import types
@@ -139,8 +140,14 @@ def _after_run(trace: Any, args: Any, output: str) -> None:
         if not args.quiet:
             from autograd_magic.views.text import render_text
 
-            print(render_text(trace), file=sys.stderr, end="")
+            # The summary, findings and backward calls; the tables go in the full report.
+            print(render_text(trace, tables=False), file=sys.stderr, end="")
             print(f"autograd_magic: trace saved to {path}", file=sys.stderr)
+            print(
+                f"autograd_magic: module tree and tables: python -m autograd_magic report "
+                f"{shlex.quote(str(path))} --text (or without --text, an HTML report)",
+                file=sys.stderr,
+            )
         if args.html:
             from autograd_magic.saving import run_info
             from autograd_magic.views.report_html import report_document

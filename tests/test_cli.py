@@ -70,6 +70,9 @@ def test_run_is_the_script_plus_a_report_and_a_trace_file(tmp_path):
     assert plain.returncode == run.returncode == 0, run.stderr
     assert run.stdout == plain.stdout and run.stdout.startswith("__main__ ['4']")
     assert "Findings:" in run.stderr and "`losses` holds 4 tensors" in run.stderr
+    # AND stderr stays short: the tables are in the full report, which it says how to get
+    assert "Saved tensors:" not in run.stderr and "Version bumps:" not in run.stderr
+    assert "python -m autograd_magic report train.trace.json --text" in run.stderr
     trace, info = load_trace_file(tmp_path / "train.trace.json")
     assert info["rank"] == 0 and info["world_size"] == 1
     assert trace.finished and len(trace.backward_calls) == 4

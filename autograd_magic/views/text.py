@@ -353,9 +353,9 @@ def _natural(label: str) -> tuple:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", label))
 
 
-def render_text(trace: Trace) -> str:
-    """The whole report as plain text: summary, sentences, backward calls (grouped by line) and
-    every table, each cut to `TEXT_TABLE_ROWS` rows with a note saying so."""
+def render_text(trace: Trace, tables: bool = True) -> str:
+    """The whole report as plain text: summary, sentences, backward calls (grouped by line) and,
+    unless `tables` is False, every table, each cut to `TEXT_TABLE_ROWS` rows with a note."""
     state = "error" if trace.error else ("finished" if trace.finished else "running")
     parts = [f"autograd_magic trace ({state})"]
     parts.append("\n".join(f"  {label}: {value}" for label, value in summary_items(trace)))
@@ -365,6 +365,8 @@ def render_text(trace: Trace) -> str:
     calls = backward_sentences(trace)
     if calls:
         parts.append("Backward calls:\n" + "\n".join(f"  - {s.text}" for s in calls))
+    if not tables:
+        return "\n\n".join(parts) + "\n"
     for table in (
         module_table(trace),
         buffer_totals(trace),
