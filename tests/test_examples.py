@@ -431,6 +431,9 @@ def test_real_models_name_the_layers_that_save_and_the_list_that_holds(run_noteb
     held = {m["path"]: m["peak"] for m in run.traces["kept"]["modules"]}
     assert held["net"] == run.traces["kept"]["snapshot"]["retained_bytes"] > 1_000_000
     assert run.panel("kept")["Backward calls"] == "1,000"
+    # AND the optimizer's writes to weights those graphs saved name the layer, after the cause
+    writes = run.only("kept", "inplace-on-saved")
+    assert "AddmmBackward0 (in `net.2`) saved for backward" in writes["message"]
     # AND validating under no_grad is clean
     assert run.kinds("fixed") == []
     assert run.traces["fixed"]["snapshot"]["retained_bytes"] == 0

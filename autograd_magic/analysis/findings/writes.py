@@ -17,14 +17,22 @@ from autograd_magic.model.records import Finding, VersionBump
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import cell_line
 
-
 # ----- writes ----------------------------------------------------------------------------
+_LAYER = re.compile(r"(?<=\.)\d+(?=\.|$)")  # a layer number in a module path: `h.3.attn`
+
+
 def _saved_description(graph: RecordIndex, bumps: list[VersionBump]) -> tuple[str, tuple[int, ...]]:
     hit = [i for bump in bumps for i in bump.hit_buffers]
     buffers = [b for b in map(graph.trace.buffer, hit) if b is not None]
     owners = sorted({n.name for b in buffers if b.node_id and (n := graph.node(b.node_id))})
     lines = tuple(sorted({cell_line(b.saved_site) for b in buffers}))
     who = " and ".join(owners) if owners else "autograd"
+    modules = sorted({b.module for b in buffers if b.module})
+    if len(modules) >= 3:  # repeated layers read as one; a Sequential's two children do not
+        modules = sorted({_LAYER.sub("*", m) for m in modules})
+    if modules:
+        # Inside a model the line is the one calling `model(...)`: the module says where.
+        who += f" (in {name_list((f'`{m}`' for m in modules), 'modules')})"
     return f"{who} saved for backward at line {line_list(lines)}", lines
 
 
