@@ -517,6 +517,13 @@ def test_modules_view_of_a_transformer_and_a_long_loop_in_both_themes(
             widget.scroll_into_view_if_needed()
             widget.screenshot(path=str(shots / f"modules-{name}-light.png"))
             assert min_contrast(widget) >= 4.5, name
+        # (every other tab too, for whoever reads the pictures)
+        for name, widget in (("transformer", step), ("long-loop", kept)):
+            for tab in ("Timeline", "Graph", "Buffers", "Versions"):
+                widget.locator(".lm-TabBar-tab", has_text=re.compile(f"^{tab}\\b")).click()
+                page.wait_for_timeout(300)
+                widget.screenshot(path=str(shots / f"{tab.lower()}-{name}-light.png"))
+            modules_tab(widget)
         # AND in the dark theme every text in both stays readable
         set_theme(page, "JupyterLab Dark")
         for name, widget in (("transformer", step), ("long-loop", kept)):
