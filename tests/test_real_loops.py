@@ -556,3 +556,17 @@ def test_traces_kept_from_earlier_cells_do_not_use_up_the_naming_time():
     assert [b.kind for b in trace.blindspots] == []
     assert {b.label for b in trace.buffers} == {"y"}
     assert kept.finished and y.requires_grad
+
+
+def test_parameters_saved_for_a_backward_that_ran_keep_their_names():
+    # GIVEN a Linear whose input needs a gradient (so addmm saves the weight), backpropagated
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 3)
+    x = torch.randn(2, 4, requires_grad=True)
+    with am.track() as trace:
+        lin(x).pow(2).sum().backward()
+    # THEN the saved weight is still named after the parameter (its storage lives on)
+    labels = {b.label for b in trace.buffers if b.freed}
+    assert "view of lin.weight" in labels  # addmm saves weight.t()
+    # AND a released input is not named after whatever now holds its old address
+    assert all(not label or "lin." in label for label in labels)

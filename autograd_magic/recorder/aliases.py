@@ -311,34 +311,39 @@ class AliasTracker:
         alive = self.registry.alive()
         skipped: set[str] = set()
         param_names: dict[int, str] = {}
-        # Held saved tensors by storage: their storage cannot have been reused while held.
-        held = {b.storage_key: b.id for b in self.trace.buffers if not b.freed and b.storage_key}
+        # Held saved tensors by storage: their storage cannot have been reused while held. A
+        # released one is named only after a parameter: its storage lives as long as it does.
+        held = {b.storage_key for b in self.trace.buffers if not b.freed and b.storage_key}
+        released = {b.storage_key for b in self.trace.buffers if b.freed and b.storage_key}
         storage_names: dict[int, tuple[str, tuple[int, ...]]] = {}
+        param_storage_names: dict[int, tuple[str, tuple[int, ...]]] = {}
 
         def visit(obj: Any, path: str) -> None:
             if issubclass(type(obj), torch.Tensor) and "\x00" not in path:
-                if issubclass(type(obj), torch.nn.Parameter):
+                is_param = issubclass(type(obj), torch.nn.Parameter)
+                if is_param:
                     param_names.setdefault(id(obj), path)
-                if held:
+                if held or (is_param and released):
                     key = storage_of(obj)[0]
                     if key in held:
                         storage_names.setdefault(key, (path, tuple(obj.shape)))
+                    if is_param and key in released:
+                        param_storage_names.setdefault(key, (path, tuple(obj.shape)))
             if also is not None:
                 also(obj, path)
 
         wanted = {**alive, **extra} if extra else alive
-        if wanted or also is not None:
+        if wanted or also is not None or released:
             names, complete = find_names(namespace, wanted, budget_s, visit, skipped)
-        else:  # nothing alive to name and no holder to look for: skip the walk
+        else:  # nothing alive to name, no holder to look for, no parameter saved: no walk
             names, complete = {}, True
         names = {uid: resolve_param_marks(path, param_names) for uid, path in names.items()}
-        self.writer.name_buffers(
-            {
-                b.id: _saved_name(b.shape, *storage_names[b.storage_key])
-                for b in self.trace.buffers
-                if not b.freed and b.storage_key in storage_names
-            }
-        )
+        named: dict[int, str] = {}
+        for b in self.trace.buffers:
+            found = (param_storage_names if b.freed else storage_names).get(b.storage_key)
+            if found is not None:
+                named[b.id] = _saved_name(b.shape, *found)
+        self.writer.name_buffers(named)
         labels = {
             uid: names.get(uid, self.registry.op_labels.get(uid, label))
             for uid, label in self.trace.labels.items()

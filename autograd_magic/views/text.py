@@ -201,7 +201,9 @@ def buffer_table(trace: Trace, node_ids: set[int] | None = None) -> Table:
     groups: dict[tuple[str, ...], list[SavedBuffer]] = {}
     for b in trace.buffers:
         if node_ids is None or b.node_id in node_ids:
-            key = (*_buffer_row(trace, b, with_node=False), _pattern(b.module or ""))
+            row = _buffer_row(trace, b, with_node=False)
+            # Repeated layers' tensors (`layers.0.w`, `layers.1.w`) share a row too.
+            key = (row[0], _pattern(row[1]), *row[2:], _pattern(b.module or ""))
             groups.setdefault(key, []).append(b)
     ordered = sorted(groups.items(), key=lambda kv: (kv[1][0].freed, -kv[1][0].nbytes, kv[1][0].id))
     rows = []
@@ -211,7 +213,9 @@ def buffer_table(trace: Trace, node_ids: set[int] | None = None) -> Table:
         else:
             node = trace.node(members[0].node_id) if members[0].node_id is not None else None
             name = "?" if node is None else node.name
-            row = (f"{name} (x{len(members):,})", *key[1:5], f"{key[5]} each", *key[6:-1])
+            labels = {_buffer_row(trace, b, with_node=False)[1] for b in members}
+            label = labels.pop() if len(labels) == 1 else key[1]
+            row = (f"{name} (x{len(members):,})", label, *key[2:5], f"{key[5]} each", *key[6:-1])
         if with_module:
             modules = {b.module for b in members}
             module = members[0].module or "" if len(modules) == 1 else key[-1]
