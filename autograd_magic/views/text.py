@@ -8,9 +8,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 
+from autograd_magic.analysis.layout import graph_view
 from autograd_magic.model.records import BackwardCall, SavedBuffer, VersionBump
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import format_bytes, where
+from autograd_magic.views.graph_table import graph_table
 from autograd_magic.views.modules import module_table, top_modules_text
 from autograd_magic.views.tables import (
     MAX_TABLE_ROWS,
@@ -301,8 +303,10 @@ def render_text(trace: Trace) -> str:
     calls = backward_sentences(trace)
     if calls:
         parts.append("Backward calls:\n" + "\n".join(f"  - {s.text}" for s in calls))
+    graph = [graph_table(graph_view(trace))] if trace.nodes else []
     for table in (
         module_table(trace),
+        *graph,
         buffer_totals(trace),
         buffer_table(trace),
         storage_table(trace),
