@@ -28,7 +28,7 @@ def test_one_box_per_module_at_each_depth_with_parameters_inside():
     assert block.label == "layers.0 Block (7 nodes)"
     assert (block.params, block.saved_bytes, block.leaf) == (2, 2048, False)
     assert top.depth == 1 and top.max_depth == 2
-    assert "one box per module at depth 1 of 2" in top.note
+    assert "one box per module at depth 1 of 2 (parameters inside" in top.note
     # AND at depth 2 the children are boxes and each block's own Add is an op
     inner = layout.graph_view(trace, depth=2)
     assert names(inner)[:3] == ["layers.0.attn", "layers.0.mlp", "AddBackward0"]
@@ -52,7 +52,7 @@ def test_repeated_layers_merge_in_runs_when_over_the_budget():
     view = layout.graph_view(trace, max_nodes=5, depth=1)
     assert names(view) == ["layers.0-3", "layers.4-7", "layers.8-11", "SumBackward0"]
     assert view.boxes[0].label == "layers.0-3 Block x4 (28 nodes)"
-    assert "12 modules shown as 3 boxes" in view.note
+    assert "repeated layers merged (12 modules in 3 boxes)" in view.note
     assert sum(len(box.members) for box in view.boxes) == len(trace.nodes)
 
 

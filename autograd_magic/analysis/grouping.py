@@ -46,7 +46,7 @@ class Grouping:
 def group(
     trace: Trace,
     records: list[NodeRecord],
-    next_ids: dict[int, list[int]],
+    next_ids: dict[int, tuple[int, ...]],
     users: dict[int, list[int]],
     max_nodes: int,
     depth: int | None = None,
@@ -95,23 +95,26 @@ def _box_path(chain: list[str], parents: set[str], depth: int) -> str | None:
 def _count(
     records: list[NodeRecord], chains: dict[str, list[str]], parents: set[str], depth: int
 ) -> int:
+    """Boxes at `depth`: modules, plus ops outside them (many ops: one per type and line)."""
     boxes: set[str] = set()
-    ops = 0
+    ops: list[NodeRecord] = []
     for record in records:
         if record.name == ACCUMULATE_GRAD:
             continue  # folded into the box that uses it
         path = None if record.module is None else _box_path(chains[record.module], parents, depth)
         if path is None:
-            ops += 1
+            ops.append(record)
         else:
             boxes.add(path)
-    return len(boxes) + ops
+    if len(ops) > READABLE_BOXES // 2:
+        return len(boxes) + len({(r.born_site, r.name) for r in ops})
+    return len(boxes) + len(ops)
 
 
 def _by_module(
     trace: Trace,
     records: list[NodeRecord],
-    next_ids: dict[int, list[int]],
+    next_ids: dict[int, tuple[int, ...]],
     users: dict[int, list[int]],
     chains: dict[str, list[str]],
     depth: int,
@@ -126,9 +129,12 @@ def _by_module(
             if path is not None:
                 box_of[record.id] = path
     ops = [r for r in records if r.id not in box_of and not _folded(r, users)]
-    merged = _merge_repeats(set(box_of.values()), max(1, budget - len(ops)))
+    paths = set(box_of.values())
+    # Ops outside modules get what modules leave, and at least half the budget.
+    op_key, note = collapse(ops, next_ids, max(budget // 2, budget - len(paths), 1))
+    op_boxes = len({op_key(r) for r in ops})
+    merged = _merge_repeats(paths, max(1, budget - op_boxes))
     shown = set(merged.values())
-    op_key, note = collapse(ops, next_ids, max(1, budget - len(shown)))
     keys: dict[int, Hashable] = {i: ("module", merged[p]) for i, p in box_of.items()}
     for record in ops:
         keys[record.id] = op_key(record)
@@ -144,12 +150,10 @@ def _by_module(
         name = shown_as.removeprefix(strip)
         kind = trace.module_types.get(path, "")
         modules[("module", shown_as)] = ModuleBox(shown_as, name, kind, count)
+    parts = [f"ops outside modules: {note}"] if note else []
     if len(shown) < len(merged):
-        note = (
-            f"repeated layers are merged ({len(merged):,} modules shown as {len(shown):,} boxes). "
-            + note
-        ).strip()
-    return (lambda r: keys[r.id]), note, modules
+        parts.insert(0, f"repeated layers merged ({len(merged):,} modules in {len(shown):,} boxes)")
+    return (lambda r: keys[r.id]), "; ".join(parts), modules
 
 
 def _folded(record: NodeRecord, users: dict[int, list[int]]) -> bool:
@@ -181,10 +185,10 @@ def _merge_repeats(paths: set[str], budget: int) -> dict[str, str]:
 
 
 def collapse(
-    records: list[NodeRecord], next_ids: dict[int, list[int]], max_nodes: int
+    records: list[NodeRecord], next_ids: dict[int, tuple[int, ...]], max_nodes: int
 ) -> tuple[Key, str]:
-    """The finest grouping of `records` that fits in `max_nodes` boxes, and a note saying what
-    it merged (one box per node when they fit)."""
+    """The finest grouping of `records` that fits in `max_nodes` boxes, and what it merged ('':
+    one box per node, when they fit)."""
     n = len(records)
     if n <= max_nodes:
         return (lambda r: ("node", r.id)), ""
@@ -202,9 +206,8 @@ def collapse(
         ("all nodes created on one line are merged into one box", lambda r: ("line", r.born_site)),
     ]
     for text, key in levels:
-        count = len({key(r) for r in records})
-        if count <= max_nodes:
-            return key, f"{n:,} nodes shown as {count:,} boxes: {text} (xN = nodes merged)."
+        if len({key(r) for r in records}) <= max_nodes:
+            return key, f"{text} (xN = nodes merged)"
     sizes: dict[tuple, int] = {}
     for record in records:
         sizes[("line", record.born_site)] = sizes.get(("line", record.born_site), 0) + 1
@@ -216,13 +219,13 @@ def collapse(
         return key if key in kept else ("other",)
 
     note = (
-        f"{n:,} nodes shown as {len(kept) + 1:,} boxes: nodes are merged by the line that "
-        f"created them, and the {other:,} lines with the fewest nodes share the 'other lines' box."
+        "nodes are merged by the line that created them, and the "
+        f"{other:,} lines with the fewest nodes share the 'other lines' box"
     )
     return by_line, note
 
 
-def _structure(records: list[NodeRecord], next_ids: dict[int, list[int]]) -> dict[int, int]:
+def _structure(records: list[NodeRecord], next_ids: dict[int, tuple[int, ...]]) -> dict[int, int]:
     """A hash of each node's type, line and the graph `STRUCTURE_DEPTH` levels beneath it."""
     base = {r.id: hash((r.name, r.born_site)) for r in records}
     current = base

@@ -6,6 +6,7 @@ a `GraphView`, they do not lay it out.
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -82,7 +83,11 @@ def graph_view(
 def _graph_view(trace: Trace, max_nodes: int, depth: int | None) -> GraphView:
     records = trace.nodes
     recorded = {r.id for r in records}
-    next_ids = {r.id: [c for c in r.next_ids if c in recorded] for r in records}
+    missing = set(itertools.chain.from_iterable(r.next_ids for r in records)) - recorded
+    next_ids = {
+        r.id: tuple(c for c in r.next_ids if c not in missing) if missing else r.next_ids
+        for r in records
+    }
     users: dict[int, list[int]] = {}
     for record in records:
         for child in next_ids[record.id]:
@@ -144,14 +149,16 @@ def _saved(trace: Trace) -> tuple[dict[int, int], dict[int, int]]:
 
 
 def _note(grouping: Grouping, nodes: int, boxes: int) -> str:
-    """What the view merged, in a sentence or two ('' when every node is its own box)."""
+    """What the view merged, in a sentence ('' when every node is its own box)."""
     if grouping.depth == OPS:
-        return grouping.note
-    return (
-        f"{nodes:,} nodes shown as {boxes:,} boxes: one box per module at depth "
-        f"{grouping.depth} of {grouping.max_depth} (its parameters inside), other ops as "
-        f"themselves. {grouping.note}"
-    ).strip()
+        merged = grouping.note
+    else:
+        merged = (
+            f"one box per module at depth {grouping.depth} of {grouping.max_depth} (parameters "
+            "inside the box that uses them), other ops as themselves"
+        )
+        merged += f"; {grouping.note}" if grouping.note else ""
+    return f"{nodes:,} nodes shown as {boxes:,} boxes: {merged}." if merged else ""
 
 
 def _layer_boxes(view: GraphView) -> None:

@@ -6,6 +6,7 @@ The panel lowers the same `Sentence`s and `Table`s to HTML, so text and widget a
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Callable, Iterable
 
 from autograd_magic.analysis.layout import graph_view
@@ -186,10 +187,29 @@ def buffer_table(trace: Trace, node_ids: set[int] | None = None) -> Table:
     """Saved tensors, still-held first then largest; restricted to `node_ids` when given.
     Tensors alike in all but their node (a loop's steps) share one row: 'AddmmBackward0 (x1,000)'.
     """
-    groups: dict[tuple[str, ...], list[SavedBuffer]] = {}
+    # Group on the raw fields first (formatting 100,000 rows is the slow part), then on the
+    # rows as shown: different raw fields can read the same.
+    raw: dict[tuple, list[SavedBuffer]] = {}
     for b in trace.buffers:
         if node_ids is None or b.node_id in node_ids:
-            groups.setdefault(_buffer_row(trace, b, with_node=False), []).append(b)
+            node = None if b.label or b.node_id is None else trace.node(b.node_id)
+            name = b.label or (node.name if node is not None else "")
+            fields = (
+                name,
+                b.shape,
+                b.dtype,
+                b.device,
+                b.nbytes,
+                b.is_leaf,
+                b.is_parameter,
+                b.saved_site.line,
+                b.freed_site,
+                b.freed,
+            )
+            raw.setdefault(fields, []).append(b)
+    groups: dict[tuple[str, ...], list[SavedBuffer]] = {}
+    for members in raw.values():  # `saved by add` for AddBackward0 and AddBackward1 alike
+        groups.setdefault(_buffer_row(trace, members[0], with_node=False), []).extend(members)
     ordered = sorted(groups.items(), key=lambda kv: (kv[1][0].freed, -kv[1][0].nbytes, kv[1][0].id))
     rows = []
     for key, members in ordered[:MAX_TABLE_ROWS]:
@@ -291,6 +311,32 @@ def _natural(label: str) -> tuple:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", label))
 
 
+_TABLES: weakref.WeakKeyDictionary[Trace, tuple[tuple, list[Table]]] = weakref.WeakKeyDictionary()
+
+
+def report_tables(trace: Trace) -> list[Table]:
+    """The report's tables: modules, saved-tensor totals and rows, storage, versions. Built once
+    per state of the trace (the panel, its static copy and the text report share them)."""
+    asked = (
+        len(trace.nodes),
+        len(trace.buffers),
+        len(trace.links),
+        len(trace.version_bumps),
+        trace.finished,
+    )
+    last = _TABLES.get(trace)
+    if last is None or last[0] != asked:
+        tables = [
+            module_table(trace),
+            buffer_totals(trace),
+            buffer_table(trace),
+            storage_table(trace),
+            versions_table(trace),
+        ]
+        _TABLES[trace] = last = (asked, tables)
+    return last[1]
+
+
 def render_text(trace: Trace) -> str:
     """The whole report as plain text: summary, sentences, backward calls (grouped by line) and
     every table, each cut to `TEXT_TABLE_ROWS` rows with a note saying so."""
@@ -303,14 +349,9 @@ def render_text(trace: Trace) -> str:
     calls = backward_sentences(trace)
     if calls:
         parts.append("Backward calls:\n" + "\n".join(f"  - {s.text}" for s in calls))
-    graph = [graph_table(graph_view(trace))] if trace.nodes else []
-    for table in (
-        module_table(trace),
-        *graph,
-        buffer_totals(trace),
-        buffer_table(trace),
-        storage_table(trace),
-        versions_table(trace),
-    ):
+    tables = report_tables(trace)
+    if trace.nodes:
+        tables = [tables[0], graph_table(graph_view(trace)), *tables[1:]]
+    for table in tables:
         parts.append(table_text(capped(table, TEXT_TABLE_ROWS)))
     return "\n\n".join(parts) + "\n"
