@@ -47,6 +47,15 @@ def test_default_depth_is_the_deepest_that_stays_readable():
     assert layout.graph_view(module_trace(layers=14)).depth == 1  # 43 > 40 at depth 2
 
 
+def test_a_blocks_own_ops_count_one_box_each_when_choosing_the_depth():
+    # GIVEN 6 blocks with 6 own ops each, all on one line: 49 boxes at depth 2
+    trace = module_trace(layers=6, own_ops=6)
+    # THEN the default stays at depth 1 rather than merging ops of different blocks
+    view = layout.graph_view(trace)
+    assert view.depth == 1 and len(view.boxes) == 7
+    assert len(layout.graph_view(trace, depth=2).boxes) == 49
+
+
 def test_repeated_layers_merge_in_runs_when_over_the_budget():
     trace = module_trace(layers=12)
     view = layout.graph_view(trace, max_nodes=5, depth=1)

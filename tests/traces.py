@@ -87,10 +87,11 @@ def handmade_trace(error: bool = False) -> Trace:
     return trace
 
 
-def module_trace(layers: int = 12) -> Trace:
+def module_trace(layers: int = 12, own_ops: int = 1) -> Trace:
     """A finished trace of `model` with `layers` blocks `model.layers.i` ("Block"), each an
     `attn` and an `mlp` child (a parameter leaf, Mm with 1 KiB saved, Relu) and its own residual
-    Add; the loss (Sum, line 4) outside any module. 7 nodes per block, plus the Sum."""
+    Add (`own_ops` of them, chained); the loss (Sum, line 4) outside any module. 7 nodes per
+    block by default, plus the Sum."""
     nodes: list[NodeRecord] = []
     buffers: list[SavedBuffer] = []
     calls = {"model": 1}
@@ -130,6 +131,7 @@ def module_trace(layers: int = 12) -> Trace:
                 )
             )
             prev = node("ReluBackward0", path, (mm,))
-        prev = node("AddBackward0", block, (prev, start))
+        for _ in range(own_ops):
+            prev = node("AddBackward0", block, (prev, start))
     node("SumBackward0", None, (prev,), line=4)
     return Trace.from_records(nodes, buffers, module_calls=calls, module_types=types, finished=True)

@@ -95,20 +95,25 @@ def _box_path(chain: list[str], parents: set[str], depth: int) -> str | None:
 def _count(
     records: list[NodeRecord], chains: dict[str, list[str]], parents: set[str], depth: int
 ) -> int:
-    """Boxes at `depth`: modules, plus ops outside them (many ops: one per type and line)."""
+    """Boxes at `depth`: modules, a container's own ops, and ops outside modules (one per type
+    and line when they are many: a loop's loss)."""
     boxes: set[str] = set()
-    ops: list[NodeRecord] = []
+    own = 0
+    outside: list[NodeRecord] = []
     for record in records:
         if record.name == ACCUMULATE_GRAD:
             continue  # folded into the box that uses it
-        path = None if record.module is None else _box_path(chains[record.module], parents, depth)
+        if record.module is None:
+            outside.append(record)
+            continue
+        path = _box_path(chains[record.module], parents, depth)
         if path is None:
-            ops.append(record)
+            own += 1
         else:
             boxes.add(path)
-    if len(ops) > READABLE_BOXES // 2:
-        return len(boxes) + len({(r.born_site, r.name) for r in ops})
-    return len(boxes) + len(ops)
+    if len(outside) > READABLE_BOXES // 2:
+        return len(boxes) + own + len({(r.born_site, r.name) for r in outside})
+    return len(boxes) + own + len(outside)
 
 
 def _by_module(
