@@ -103,7 +103,15 @@ def _legend(ax: Any, view: GraphView) -> None:
         Line2D([], [], marker="o", ls="", color=c, label=t)
         for c, t in ((ALIVE, "alive"), (FREED, "freed"), (LEAF, "leaf (AccumulateGrad)"))
     ]
-    ax.legend(handles=handles, loc="lower left", fontsize=7, frameon=False, labelcolor=INK)
+    # Below the drawing, not over it: a wide graph reaches every corner.
+    ax.figure.legend(
+        handles=handles,
+        loc="outside lower center",
+        ncols=3,
+        fontsize=7,
+        frameon=False,
+        labelcolor=INK,
+    )
     grouped = (
         f"one box per module at depth {view.depth} (its parameters inside)"
         if view.depth > 0
