@@ -1,4 +1,5 @@
-"""Workload 7: the live panel's share of workload 2, and the graph view's render time.
+"""Workload 7: the live panel's share of workload 2, the graph view's render time, and (in
+`report_cost`) the finished panel's cost at the end of a long loop and a full trace's reports.
 
 The share is measured on a block of MLP steps (long enough for the panel's throttled refresh to
 fire, as in a real training cell): tracked with the live panel attached against tracked without,
@@ -13,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 import autograd_magic
-from autograd_magic.model.trace import Trace
-from benchmarks import graph_view
+from autograd_magic.model.trace import DEFAULT_MAX_RECORDS, Trace
+from benchmarks import graph_view, report_cost
 from benchmarks.results import GRAPH_VIEW_TARGET_S, PANEL_SHARE_TARGET, Row, skipped, verdict
 from benchmarks.timing import Ratio, interleave, ratios
 from benchmarks.workloads import mlp
@@ -65,9 +66,17 @@ def share(attach: Callable[[Trace], Any], steps: int, rounds: int) -> dict[str, 
     return ratios(interleave(variants, rounds, warmup=1), "tracked")
 
 
-def measure(steps: int, rounds: int, sizes: tuple[int, ...], repeats: int) -> list[Row]:
-    """Rows 7a (panel share of workload 2) and 7b (graph view render times)."""
-    return [_share_row(steps, rounds), _render_row(sizes, repeats)]
+def measure(
+    steps: int, rounds: int, sizes: tuple[int, ...], repeats: int, quick: bool = False
+) -> list[Row]:
+    """Rows 7a (panel share of workload 2), 7b (graph view render times), 7c (the finished
+    panel at the end of workload 10) and 7d (reports of a trace at the record cap)."""
+    return [
+        _share_row(steps, rounds),
+        _render_row(sizes, repeats),
+        report_cost.cell_end_row(20 if quick else 1000, 1 if quick else 3, quick),
+        report_cost.full_trace_row(2_000 if quick else DEFAULT_MAX_RECORDS, quick),
+    ]
 
 
 def _share_row(steps: int, rounds: int) -> Row:

@@ -96,7 +96,11 @@ def jobs(plan: Plan) -> list[tuple[str, Callable[[], list[Row]]]]:
         (
             "7",
             lambda: panel_cost.measure(
-                plan.panel_steps, plan.panel_rounds, plan.graph_sizes, plan.render_repeats
+                plan.panel_steps,
+                plan.panel_rounds,
+                plan.graph_sizes,
+                plan.render_repeats,
+                plan.quick,
             ),
         ),
     ]

@@ -179,6 +179,7 @@ def test_the_text_report_and_panel_show_memory_by_module():
     assert any(line.split()[:2] == ["self_attn", "MultiheadAttention"] for line in tree)
     panel = TracePanel(trace)
     assert "encoder.layers.*.self_attn" in panel.summary.value
+    panel.tabs.selected_index = 1  # the Modules tab: tables are built when first opened
     assert "MultiheadAttention" in panel.modules.value
     assert panel.tabs.titles[1].startswith("Modules (")
 

@@ -26,8 +26,12 @@ def test_summary_and_findings_read_like_the_report():
     assert "Line 5: backward(retain_graph=True) released 1 saved tensor" in panel.calls.value
 
 
-def test_tables_and_tab_titles_after_finish():
+def test_tables_and_graph_are_built_when_their_tab_is_first_selected():
+    # GIVEN a finished trace's panel: the cell's end drew the summary and timeline only
     panel = TracePanel(handmade_trace())
+    assert panel.buffers.value == "" and panel.graph_image.value == b""
+    # WHEN a table tab is selected THEN every table is filled
+    panel.tabs.selected_index = 3
     assert "SumBackward0#4" in panel.buffers.value
     assert "released (line 5)" in panel.buffers.value
     assert "Totals by state" in panel.buffers.value
@@ -43,6 +47,9 @@ def test_tables_and_tab_titles_after_finish():
         "Storage (1)",
         "Versions (2)",
     )
+    assert panel.graph_image.value == b""
+    # AND the graph is drawn when its tab is selected
+    panel.tabs.selected_index = 2
     assert "All 4 recorded nodes are shown." in panel.graph_note.value
     assert bytes(panel.graph_image.value).startswith(b"\x89PNG")
     assert bytes(panel.timeline_image.value).startswith(b"\x89PNG")
@@ -50,6 +57,7 @@ def test_tables_and_tab_titles_after_finish():
 
 def test_choosing_a_node_shows_its_saved_tensors_and_lines():
     panel = TracePanel(handmade_trace())
+    panel.tabs.selected_index = 2
     labels = [label for label, _ in panel.node_select.options]
     assert labels[0] == "AccumulateGrad (line 2)"
     before = panel.graph_image.value
@@ -84,6 +92,7 @@ def test_running_trace_shows_progress_and_fills_the_rest_at_finish():
     panel.trace = finished
     panel.finish()
     assert "finished" in panel.status.value
+    panel.tabs.selected_index = 3
     assert "SumBackward0#4" in panel.buffers.value
 
 
@@ -125,6 +134,7 @@ def test_panel_keeps_no_user_tensor_alive():
         b = (a * 2).exp()
         loss = b.sum()
     panel = TracePanel(trace)
+    panel.ensure_built()
     panel.node_select.value = 0
     refs = [weakref.ref(t) for t in (a, b, loss)]
     del a, b, loss
@@ -140,7 +150,7 @@ def test_saved_output_lists_twenty_rows_and_says_how_many_the_panel_has():
         kept = [x[: n + 1].exp() for n in range(30)]  # sizes differ: 30 rows, not one group
     panel = TracePanel(trace)
     # WHEN the panel is saved as static HTML
-    saved = panel._repr_mimebundle_()["text/html"]
+    saved = panel._repr_mimebundle_()["text/html"]  # builds every tab
     # THEN the widget's table has all 30 rows, the saved output 20 and a note saying so
     assert panel.buffers.value.count("ExpBackward0#") == 30
     assert saved.count("ExpBackward0#") == 20

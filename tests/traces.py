@@ -85,3 +85,53 @@ def handmade_trace(error: bool = False) -> Trace:
         trace.error = "RuntimeError: boom."
         trace.error_site = site(7)
     return trace
+
+
+def module_trace(layers: int = 12, own_ops: int = 1) -> Trace:
+    """A finished trace of `model` with `layers` blocks `model.layers.i` ("Block"), each an
+    `attn` and an `mlp` child (a parameter leaf, Mm with 1 KiB saved, Relu) and its own residual
+    Add (`own_ops` of them, chained); the loss (Sum, line 4) outside any module. 7 nodes per
+    block by default, plus the Sum."""
+    nodes: list[NodeRecord] = []
+    buffers: list[SavedBuffer] = []
+    calls = {"model": 1}
+    types = {"model": "Net", "model.layers": "ModuleList"}
+
+    def node(name: str, module: str | None, nexts: tuple[int | None, ...], line: int = 3) -> int:
+        nid = len(nodes) + 1
+        kept = tuple(n for n in nexts if n is not None)
+        nodes.append(NodeRecord(nid, name, nid, site(line), kept, module=module))
+        return nid
+
+    prev: int | None = None
+    for i in range(layers):
+        block = f"model.layers.{i}"
+        calls[block], types[block] = 1, "Block"
+        start = prev
+        for child, kind in (("attn", "Attention"), ("mlp", "MLP")):
+            path = f"{block}.{child}"
+            calls[path], types[path] = 1, kind
+            weight = node("AccumulateGrad", path, ())
+            mm = node("MmBackward0", path, (prev, weight))
+            buffers.append(
+                SavedBuffer(
+                    len(buffers) + 1,
+                    mm,
+                    (256,),
+                    "float32",
+                    "cpu",
+                    1024,
+                    1024,
+                    False,
+                    False,
+                    0,
+                    mm,
+                    site(3),
+                    module=path,
+                )
+            )
+            prev = node("ReluBackward0", path, (mm,))
+        for _ in range(own_ops):
+            prev = node("AddBackward0", block, (prev, start))
+    node("SumBackward0", None, (prev,), line=4)
+    return Trace.from_records(nodes, buffers, module_calls=calls, module_types=types, finished=True)

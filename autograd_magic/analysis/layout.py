@@ -1,154 +1,219 @@
-"""Layout of the graph view: layered boxes (longest-path layers plus two barycenter sweeps,
-linear in nodes and edges), collapsed into boxes of repeated structure above `max_nodes` with a
-note saying what was merged. Pure data: figures draw a `GraphView`, they do not lay it out.
+"""Layout of the graph view: boxes (grouped by `analysis.grouping`: by module, or by repeated
+structure above `max_nodes`) in layers (longest path, leaves beside their user, two barycenter
+sweeps; linear in nodes and edges), with a note saying what was merged. Pure data: figures draw
+a `GraphView`, they do not lay it out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+import itertools
+import weakref
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from autograd_magic.analysis.grouping import OPS, Grouping, ModuleBox, group
 from autograd_magic.model.records import NodeRecord
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import ACCUMULATE_GRAD
 
-if TYPE_CHECKING:
-    import networkx
-
+__all__ = ["DEFAULT_MAX_NODES", "OPS", "Box", "GraphView", "graph_view"]
 DEFAULT_MAX_NODES = 200
-STRUCTURE_DEPTH = 3
 
 
 @dataclass
 class Box:
-    """One drawn node: a single autograd node, or several merged ones (`members`, node ids)."""
+    """One drawn node: a single autograd node, several merged ones (`members`, node ids), or an
+    nn.Module (`module` set: its path, `type` its class, `modules` how many merged)."""
 
     name: str
     where: str
     members: list[int] = field(default_factory=list)
     alive: int = 0
     leaf: bool = True
-    saved_bytes: int = 0
+    saved_bytes: int = 0  # ever saved for backward by its nodes, released or not
+    held_bytes: int = 0  # of those, not released yet
     layer: int = 0
     x: float = 0.0
+    module: str = ""
+    type: str = ""
+    modules: int = 0
+    params: int = 0  # leaves (parameters, inputs) folded into this box
 
     @property
     def label(self) -> str:
-        """'MulBackward0 (line 4)' or 'MulBackward0 x100 (line 4)'."""
+        """'MulBackward0 x100 (line 4)', or 'layers.0 TransformerEncoderLayer (75 nodes)'."""
         count = f" x{len(self.members)}" if len(self.members) > 1 else ""
+        if self.module:
+            repeat = f" x{self.modules}" if self.modules > 1 else ""
+            return f"{self.name} {self.type}{repeat} ({len(self.members):,} nodes)"
         return f"{self.name}{count} ({self.where})"
 
 
 @dataclass
 class GraphView:
-    """The graph as drawn: boxes, edges between box indices, and what was collapsed."""
+    """The graph as drawn: boxes, edges between box indices, what was collapsed, and the module
+    depth shown (`OPS`: every op) out of `max_depth` (0: the trace has no module paths)."""
 
     boxes: list[Box]
     edges: list[tuple[int, int]]
     total_nodes: int
     note: str = ""
+    depth: int = OPS
+    max_depth: int = 0
 
 
-def graph_view(trace: Trace, max_nodes: int = DEFAULT_MAX_NODES) -> GraphView:
-    """Lay out `trace.graph()`; above `max_nodes` merge nodes, coarsest grouping last."""
-    graph = trace.graph()
-    layers = _layers(graph)
-    records = [n for n in trace.nodes if n.id in graph]
-    next_ids = {n: list(graph.succ[n]) for n in graph.nodes}
-    key_of, note = _collapse(records, next_ids, max(1, max_nodes))
+# The last view of each trace: the panel, its static copy and the text report ask for the same.
+_LAST: weakref.WeakKeyDictionary[Trace, tuple[tuple, GraphView]] = weakref.WeakKeyDictionary()
+
+
+def graph_view(
+    trace: Trace, max_nodes: int = DEFAULT_MAX_NODES, depth: int | None = None
+) -> GraphView:
+    """Lay out the recorded graph in at most `max_nodes` boxes: one per module at `depth` when
+    the trace has module paths (None: the deepest that stays readable; `OPS`: every op)."""
+    asked = (len(trace.nodes), len(trace.buffers), trace.finished, max_nodes, depth)
+    last = _LAST.get(trace)
+    if last is not None and last[0] == asked:
+        return last[1]
+    view = _graph_view(trace, max_nodes, depth)
+    _LAST[trace] = (asked, view)
+    return view
+
+
+def _graph_view(trace: Trace, max_nodes: int, depth: int | None) -> GraphView:
+    records = trace.nodes
+    recorded = {r.id for r in records}
+    missing = set(itertools.chain.from_iterable(r.next_ids for r in records)) - recorded
+    next_ids = {
+        r.id: tuple(c for c in r.next_ids if c not in missing) if missing else r.next_ids
+        for r in records
+    }
+    users: dict[int, list[int]] = {}
+    for record in records:
+        for child in next_ids[record.id]:
+            users.setdefault(child, []).append(record.id)
+    grouping = group(trace, records, next_ids, users, max(1, max_nodes), depth)
     index: dict[Hashable, int] = {}
     boxes: list[Box] = []
-    member_layers: list[list[int]] = []
-    for record in records:
+    box_of: dict[int, int] = {}
+    key_of, modules = grouping.key, grouping.modules
+    for record in records:  # the hot loop on 100,000 records: plain fields, no properties
         key = key_of(record)
         at = index.get(key)
         if at is None:
             at = index[key] = len(boxes)
-            name = record.name if key[0] != "other" else "other lines"
-            boxes.append(Box(name, record.born_site.describe()))
-            member_layers.append([])
+            boxes.append(_new_box(record, key, modules.get(key)))
+        box_of[record.id] = at
         box = boxes[at]
         box.members.append(record.id)
-        box.alive += record.alive
-        box.leaf = box.leaf and record.name == ACCUMULATE_GRAD
-        box.saved_bytes += graph.nodes[record.id]["saved_bytes"]
-        member_layers[at].append(layers[record.id])
-    box_of = {m: i for i, box in enumerate(boxes) for m in box.members}
-    for box, found in zip(boxes, member_layers, strict=True):
-        box.layer = sorted(found)[len(found) // 2]
-    edges = {(box_of[u], box_of[v]) for u, v in graph.edges if box_of[u] != box_of[v]}
-    view = GraphView(boxes, sorted(edges), len(records), note)
+        if record.freed_seq is None:
+            box.alive += 1
+        if record.name == ACCUMULATE_GRAD:
+            box.params += 1
+        else:
+            box.leaf = False
+    saved, held = _saved(trace)
+    for node, nbytes in saved.items():
+        if node in box_of:
+            boxes[box_of[node]].saved_bytes += nbytes
+    for node, nbytes in held.items():
+        if node in box_of:
+            boxes[box_of[node]].held_bytes += nbytes
+    edges = {
+        (a, b) for u, vs in next_ids.items() for v in vs if (a := box_of[u]) != (b := box_of[v])
+    }
+    view = GraphView(
+        boxes,
+        sorted(edges),
+        len(records),
+        _note(grouping, len(records), len(boxes)),
+        grouping.depth,
+        grouping.max_depth,
+    )
+    _layer_boxes(view)
     _order_layers(view)
     return view
 
 
-def _layers(graph: networkx.DiGraph) -> dict[int, int]:
-    """Longest path down to a sink: leaves (inputs) get 0, the loss gets the largest layer."""
-    import networkx  # loaded when a graph is first laid out, not with the extension
-
-    try:
-        order = list(networkx.topological_sort(graph))
-    except networkx.NetworkXUnfeasible:  # autograd graphs are acyclic; stay drawable anyway
-        order = list(graph.nodes)
-    layer: dict[int, int] = {}
-    succ = graph.succ
-    for node in reversed(order):
-        layer[node] = 1 + max((layer.get(c, 0) for c in succ[node]), default=-1)
-    return layer
+def _new_box(record: NodeRecord, key: Hashable, module: ModuleBox | None) -> Box:
+    if module is not None:
+        return Box(
+            module.name, module.type, module=module.path, type=module.type, modules=module.modules
+        )
+    name = "other lines" if key == ("other",) else record.name
+    return Box(name, record.born_site.describe())
 
 
-def _collapse(
-    records: list[NodeRecord], next_ids: dict[int, list[int]], max_nodes: int
-) -> tuple[Callable[[NodeRecord], tuple], str]:
-    """The finest grouping that fits in `max_nodes` boxes, and a note saying what it merged."""
-    n = len(records)
-    if n <= max_nodes:
-        return (lambda r: ("node", r.id)), ""
-    shape = _structure(records, next_ids)
-    levels: list[tuple[str, Callable[[NodeRecord], tuple]]] = [
-        (
-            "repeated structure is merged: one box per node type, creating line and "
-            f"{STRUCTURE_DEPTH} levels of graph beneath it",
-            lambda r: ("shape", r.born_site, shape[r.id]),
-        ),
-        (
-            "nodes of the same type created on the same line are merged into one box",
-            lambda r: ("line-type", r.born_site, r.name),
-        ),
-        ("all nodes created on one line are merged into one box", lambda r: ("line", r.born_site)),
-    ]
-    for text, key in levels:
-        count = len({key(r) for r in records})
-        if count <= max_nodes:
-            return key, f"{n:,} nodes shown as {count:,} boxes: {text} (xN = nodes merged)."
-    sizes: dict[tuple, int] = {}
-    for record in records:
-        sizes[("line", record.born_site)] = sizes.get(("line", record.born_site), 0) + 1
-    kept = set(sorted(sizes, key=sizes.__getitem__, reverse=True)[: max_nodes - 1])
-    other = len(sizes) - len(kept)
-
-    def by_line(r: NodeRecord) -> tuple:
-        key = ("line", r.born_site)
-        return key if key in kept else ("other",)
-
-    note = (
-        f"{n:,} nodes shown as {len(kept) + 1:,} boxes: nodes are merged by the line that "
-        f"created them, and the {other:,} lines with the fewest nodes share the 'other lines' box."
-    )
-    return by_line, note
+def _saved(trace: Trace) -> tuple[dict[int, int], dict[int, int]]:
+    """Bytes each node saved for backward over the block, and those not released yet."""
+    saved: dict[int, int] = {}
+    held: dict[int, int] = {}
+    for buffer in trace.buffers:
+        node = buffer.node_id
+        if node is not None:
+            saved[node] = saved.get(node, 0) + buffer.nbytes
+            if buffer.freed_seq is None:
+                held[node] = held.get(node, 0) + buffer.nbytes
+    return saved, held
 
 
-def _structure(records: list[NodeRecord], next_ids: dict[int, list[int]]) -> dict[int, int]:
-    """A hash of each node's type, line and the graph `STRUCTURE_DEPTH` levels beneath it."""
-    base = {r.id: hash((r.name, r.born_site)) for r in records}
-    current = base
-    for _ in range(STRUCTURE_DEPTH):
-        current = {
-            node: hash((own, tuple(sorted(current[c] for c in next_ids[node]))))
-            for node, own in base.items()
-        }
-    return current
+def _note(grouping: Grouping, nodes: int, boxes: int) -> str:
+    """What the view merged, in a sentence ('' when every node is its own box)."""
+    if grouping.depth == OPS:
+        merged = grouping.note
+    else:
+        merged = (
+            f"one box per module at depth {grouping.depth} of {grouping.max_depth} (parameters "
+            "inside the box that uses them), other ops as themselves"
+        )
+        merged += f"; {grouping.note}" if grouping.note else ""
+    return f"{nodes:,} nodes shown as {boxes:,} boxes: {merged}." if merged else ""
+
+
+def _layer_boxes(view: GraphView) -> None:
+    """Longest path down to a sink on the box graph (the loss gets the largest layer), then each
+    sink one layer above its first user, so leaves sit beside what uses them. Merged boxes can
+    form cycles: edges closing one are ignored for layering (they are still drawn)."""
+    n = len(view.boxes)
+    succ: list[list[int]] = [[] for _ in range(n)]
+    pred: list[list[int]] = [[] for _ in range(n)]
+    for a, b in view.edges:
+        succ[a].append(b)
+        pred[b].append(a)
+    order = _dfs_order(succ, pred)
+    rank = {box: i for i, box in enumerate(order)}
+    layer = [0] * n
+    for i in reversed(order):
+        layer[i] = 1 + max((layer[c] for c in succ[i] if rank[c] > rank[i]), default=-1)
+    for i in range(n):
+        if not succ[i] and pred[i]:
+            layer[i] = min(layer[p] for p in pred[i]) - 1
+    for box, found in zip(view.boxes, layer, strict=True):
+        box.layer = found
+
+
+def _dfs_order(succ: list[list[int]], pred: list[list[int]]) -> list[int]:
+    """A topological order of the graph without its back edges (reverse DFS post-order, started
+    from the sources: the loss first)."""
+    seen = [False] * len(succ)
+    post: list[int] = []
+    starts = [i for i, p in enumerate(pred) if not p] + list(range(len(succ)))
+    for start in starts:
+        if seen[start]:
+            continue
+        seen[start] = True
+        stack = [(start, iter(succ[start]))]
+        while stack:
+            node, children = stack[-1]
+            for child in children:
+                if not seen[child]:
+                    seen[child] = True
+                    stack.append((child, iter(succ[child])))
+                    break
+            else:
+                stack.pop()
+                post.append(node)
+    return post[::-1]
 
 
 def _order_layers(view: GraphView) -> None:

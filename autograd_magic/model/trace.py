@@ -79,6 +79,7 @@ class Trace:
         self.listen_interval_s = 0.5
         self._node_index: dict[int, NodeRecord] = {}
         self._buffer_index: dict[int, SavedBuffer] = {}
+        self._modules: tuple[tuple, list[ModuleStats]] | None = None
 
     @classmethod
     def from_records(
@@ -149,7 +150,11 @@ class Trace:
         """One entry per nn.Module that ran in the block, most saved bytes first."""
         from autograd_magic.model.modules import module_stats
 
-        return module_stats(self)
+        # The summary, the Modules table and the tab titles all ask; records only grow.
+        asked = (len(self.nodes), len(self.buffers), len(self.module_calls), self.finished)
+        if self._modules is None or self._modules[0] != asked:
+            self._modules = (asked, module_stats(self))
+        return self._modules[1]
 
     def storage_groups(self) -> list[StorageGroup]:
         """Groups of tensors/arrays that share memory, with how each joined and copies beside."""

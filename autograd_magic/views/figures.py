@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import itertools
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy
@@ -26,15 +27,18 @@ from autograd_magic.views.series import envelope, x_axis
 ALIVE, FREED, LEAF = "#e8590c", "#adb5bd", "#2f9e44"
 NODES_COLOR, BYTES_COLOR, BACKWARD_COLOR, ERROR_COLOR = "#1c7ed6", "#e8590c", "#7048e8", "#e03131"
 INK = "#7b8189"  # text and axes: about 4:1 contrast on both white and JupyterLab dark
-LABEL_LIMIT = 60
+LABEL_LIMIT = 200  # boxes; a labelled figure grows tall enough for its labels
 
 
 def graph_figure(view: GraphView, selected: int | None = None, width: float = 9.0) -> Figure:
-    """The layered graph: leaves at the top, the loss at the bottom, size by the bytes each box
-    ever saved for backward (released or not; colour tells alive from freed)."""
+    """The layered graph: inputs at the top, the loss at the bottom, size by the bytes each box
+    ever saved for backward (released or not; colour tells alive from freed), each box labelled
+    when there are at most `LABEL_LIMIT`."""
     boxes = view.boxes
     depth = 1 + max((b.layer for b in boxes), default=0)
-    fig = Figure(figsize=(width, min(12.0, max(3.0, 0.9 + 0.5 * depth))), layout="constrained")
+    tallest = 60.0 if len(boxes) <= LABEL_LIMIT else 12.0  # two lines of 7 pt: 0.4 in a layer
+    height = min(tallest, max(3.0, 0.9 + 0.4 * depth))
+    fig = Figure(figsize=(width, height), layout="constrained")
     ax = fig.add_subplot()
     ax.set_axis_off()
     if not boxes:
@@ -69,41 +73,71 @@ def graph_figure(view: GraphView, selected: int | None = None, width: float = 9.
             zorder=3,
         )
     if len(boxes) <= LABEL_LIMIT:
-        for box, x, y in zip(boxes, xs, ys, strict=True):
-            ax.annotate(
-                _short_label(box),
-                (x, y),
-                xytext=(0, -9),
-                textcoords="offset points",
-                ha="center",
-                va="top",
-                fontsize=7,
-                color=INK,
-                zorder=4,
-            )
-    ax.margins(0.08, 0.15)
+        _labels(ax, boxes, xs, ys, sizes)
+    ax.margins(0.08, 0.5 / depth)
     ax.autoscale_view()
+    _legend(ax, view)
+    return fig
+
+
+def _labels(
+    ax: Any, boxes: list[Box], xs: Sequence[float], ys: Sequence[float], sizes: Sequence[float]
+) -> None:
+    """Each box's label right of its dot: a chain of modules reads top to bottom."""
+    for box, x, y, size in zip(boxes, xs, ys, sizes, strict=True):
+        ax.annotate(
+            _short_label(box),
+            (x, y),
+            xytext=(math.sqrt(size) / 2 + 4, 0),  # dot radius in points, plus a gap
+            textcoords="offset points",
+            ha="left",
+            va="center",
+            fontsize=7,
+            color=INK,
+            zorder=4,
+        )
+
+
+def _legend(ax: Any, view: GraphView) -> None:
     handles = [
         Line2D([], [], marker="o", ls="", color=c, label=t)
         for c, t in ((ALIVE, "alive"), (FREED, "freed"), (LEAF, "leaf (AccumulateGrad)"))
     ]
-    ax.legend(handles=handles, loc="upper right", fontsize=7, frameon=False, labelcolor=INK)
+    # Below the drawing, not over it: a wide graph reaches every corner.
+    ax.figure.legend(
+        handles=handles,
+        loc="outside lower center",
+        ncols=3,
+        fontsize=7,
+        frameon=False,
+        labelcolor=INK,
+    )
+    grouped = (
+        f"one box per module at depth {view.depth} (its parameters inside)"
+        if view.depth > 0
+        else "inputs (leaves) beside the op that uses them"
+    )
     ax.set_title(
-        "inputs (leaves) at the top, the loss at the bottom\n"
-        "dot size = bytes each node saved for backward over the whole block, "
-        "released ones included",
+        f"the loss at the bottom; {grouped}\n"
+        "dot size = bytes saved for backward over the whole block (released ones included)",
         size=8,
         color=INK,
     )
-    return fig
 
 
 def _short_label(box: Box) -> str:
+    """'Sum L4' with its bytes under it; a module: path, class, nodes and bytes on three lines."""
+    if box.module:
+        repeat = f" x{box.modules}" if box.modules > 1 else ""
+        size = f", {format_bytes(box.saved_bytes)}" if box.saved_bytes else ""
+        return f"{box.name}  {box.type}{repeat}\n{len(box.members):,} nodes{size}"
     name = "leaf" if box.name == ACCUMULATE_GRAD else box.name.replace("Backward0", "")
     name = name.replace("Backward1", "")
     count = f" x{len(box.members)}" if len(box.members) > 1 else ""
     line = box.where.replace("line ", "L").split(",")[0]
-    text = f"{name}{count} {line}"
+    text = f"{name}{count} {line}" + (
+        f" +{box.params} leaves" if box.params and not box.leaf else ""
+    )
     return f"{text}\n{format_bytes(box.saved_bytes)}" if box.saved_bytes else text
 
 

@@ -12,18 +12,14 @@ import io
 
 from autograd_magic.analysis.layout import DEFAULT_MAX_NODES, graph_view
 from autograd_magic.model.trace import Trace
-from autograd_magic.views.modules import module_table
 from autograd_magic.views.text import (
     MAX_TABLE_ROWS,
     Sentence,
     Table,
     backward_sentences,
-    buffer_table,
-    buffer_totals,
+    report_tables,
     sentences,
-    storage_table,
     summary_items,
-    versions_table,
 )
 
 STATIC_TABLE_ROWS = 20  # saved notebook outputs stay small; the widget shows more
@@ -193,13 +189,7 @@ def page(
 
 def final_tables(trace: Trace) -> list[tuple[Table, int | None]]:
     """The tables of a finished trace, each with the column whose non-empty cells are flagged."""
-    return [
-        (module_table(trace), None),
-        (buffer_totals(trace), None),
-        (buffer_table(trace), None),
-        (storage_table(trace), None),
-        (versions_table(trace), 6),
-    ]
+    return [(table, 6 if i == 4 else None) for i, table in enumerate(report_tables(trace))]
 
 
 def static_html(trace: Trace, max_nodes: int = DEFAULT_MAX_NODES) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from autograd_magic.analysis.layout import DEFAULT_MAX_NODES, GraphView, graph_view
+from autograd_magic.analysis.layout import DEFAULT_MAX_NODES, OPS, GraphView, graph_view
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import format_bytes
 from autograd_magic.views.figures import figure_png, graph_figure, timeline_figure
@@ -43,6 +43,7 @@ NUMBERS_SHARE = 0.25  # of the live budget, for refreshes of the numbers alone
 PANEL_CLASS = "autograd-magic-panel"
 STATIC_CLASS = "autograd-magic-static"
 _TAB_NAMES = ("Timeline", "Modules", "Graph", "Buffers", "Storage", "Versions")
+GRAPH_TAB = 2
 
 
 class TracePanel:
@@ -50,8 +51,10 @@ class TracePanel:
 
     Each section is an attribute whose `.value` holds what the reader sees, so tests (and
     users) can read it: `status`, `summary`, `findings`, `timeline_note`, `timeline_image`, `calls`,
-    `graph_image`, `graph_note`, `node_select`, `node_details`, `buffers`, `storage`,
-    `versions`; `widget` is the whole panel.
+    `graph_image`, `graph_note`, `depth_select`, `node_select`, `node_details`, `buffers`,
+    `storage`, `versions`; `widget` is the whole panel. The graph and the tables of a finished
+    trace are built when their tab is first selected (or the static copy is asked for), so the
+    cell's end pays for the summary and the timeline only.
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class TracePanel:
         self._graph_png = b""
         self._tables: list[tuple[Table, int | None]] = []
         self._graph_note = ""
+        self._built: set[str] = set()  # "graph", "tables": lazy sections already filled
         self._started = time.monotonic()
         self._spent_numbers = self._spent_timeline = 0.0
         self._timeline_cost = TIMELINE_COST_GUESS_S  # until one is drawn
@@ -82,6 +86,9 @@ class TracePanel:
             options=[], value=None, description="Node:", layout={"width": "60%"}
         )
         self.node_details = html_widget()
+        self.depth_select = widgets.Dropdown(
+            options=[("every op", OPS)], value=OPS, description="Modules:"
+        )
         self.buffers, self.storage, self.versions = html_widget(), html_widget(), html_widget()
         self.modules = html_widget()
         self.tabs = widgets.Tab(
@@ -89,7 +96,13 @@ class TracePanel:
                 widgets.VBox([self.timeline_note, self.timeline_image, self.calls]),
                 self.modules,
                 widgets.VBox(
-                    [self.graph_note, self.graph_image, self.node_select, self.node_details]
+                    [
+                        self.graph_note,
+                        self.depth_select,
+                        self.graph_image,
+                        self.node_select,
+                        self.node_details,
+                    ]
                 ),
                 self.buffers,
                 self.storage,
@@ -100,6 +113,8 @@ class TracePanel:
         self.widget = widgets.VBox([self.status, self.summary, self.findings, self.tabs])
         self.widget.add_class(PANEL_CLASS)  # lets the static copy hide beside a live panel
         self.node_select.observe(self._on_select, names="value")
+        self.depth_select.observe(self._on_depth, names="value")
+        self.tabs.observe(self._on_tab, names="selected_index")
         self._render(final=trace.finished, timeline=True)
 
     # ----- updating ---------------------------------------------------------------------
@@ -155,34 +170,78 @@ class TracePanel:
 
     def _final_changes(self) -> list[tuple[Any, str, Any]]:
         trace = self.trace
-        self.view = view = graph_view(trace, self.max_nodes)
-        self._graph_png = figure_png(graph_figure(view))
-        note = view.note or f"All {view.total_nodes:,} recorded nodes are shown."
-        options = [(box.label, i) for i, box in enumerate(view.boxes)]
-        self._tables = final_tables(trace)
-        self._graph_note = note
+        self._built.clear()
         counts = (
             len(trace.backward_calls),
             len(trace.modules()),
-            view.total_nodes,
+            len(trace.nodes),
             len(trace.buffers),
             len(trace.storage_groups()),
             len(trace.version_bumps),
         )
-        return [
-            (self.graph_image, "value", self._graph_png),
-            (self.graph_note, "value", div(html.escape(note), MUTED_STYLE)),
-            (self.node_select, "options", options),
-            (self.modules, "value", table_html(self._tables[0][0])),
-            (self.buffers, "value", "".join(table_html(t) for t, _ in self._tables[1:3])),
-            (self.storage, "value", table_html(self._tables[3][0])),
-            (self.versions, "value", table_html(*self._tables[4])),
+        changes: list[tuple[Any, str, Any]] = [
             (
                 self.tabs,
                 "titles",
                 tuple(f"{n} ({c:,})" for n, c in zip(_TAB_NAMES, counts, strict=True)),
-            ),
+            )
         ]
+        if self.tabs.selected_index not in (None, 0):
+            changes += self._lazy_changes(self.tabs.selected_index)
+        return changes
+
+    def _lazy_changes(self, tab: int) -> list[tuple[Any, str, Any]]:
+        """The content of tab `tab` of a finished trace, built on first need."""
+        if not self.trace.finished:
+            return []
+        if tab == GRAPH_TAB and "graph" not in self._built:
+            self._built.add("graph")
+            return self._graph_changes(None)
+        if tab not in (0, GRAPH_TAB) and "tables" not in self._built:
+            self._built.add("tables")
+            self._tables = tables = final_tables(self.trace)
+            return [
+                (self.modules, "value", table_html(tables[0][0])),
+                (self.buffers, "value", "".join(table_html(t) for t, _ in tables[1:3])),
+                (self.storage, "value", table_html(tables[3][0])),
+                (self.versions, "value", table_html(*tables[4])),
+            ]
+        return []
+
+    def _graph_changes(self, depth: int | None) -> list[tuple[Any, str, Any]]:
+        """The graph at module `depth` (None: the readable default): picture, note, choices."""
+        self.view = view = graph_view(self.trace, self.max_nodes, depth)
+        self._graph_png = figure_png(graph_figure(view))
+        self._graph_note = view.note or f"All {view.total_nodes:,} recorded nodes are shown."
+        depths = [(f"depth {d}", d) for d in range(1, view.max_depth + 1)]
+        return [
+            (self.graph_image, "value", self._graph_png),
+            (self.graph_note, "value", div(html.escape(self._graph_note), MUTED_STYLE)),
+            (self.depth_select, "options", [*depths, ("every op", OPS)]),
+            (self.depth_select, "value", view.depth),
+            (self.depth_select, "disabled", not depths),
+            (self.node_select, "options", [(box.label, i) for i, box in enumerate(view.boxes)]),
+            (self.node_select, "value", None),
+        ]
+
+    def _on_tab(self, change: dict[str, Any]) -> None:
+        if change["new"] is not None:
+            self._apply(self._lazy_changes(change["new"]))
+
+    def _on_depth(self, change: dict[str, Any]) -> None:
+        if self.view is not None and change["new"] != self.view.depth:
+            self.show_depth(change["new"])
+
+    def show_depth(self, depth: int) -> None:
+        """Redraw the graph with one box per module at `depth` (`OPS`: every op)."""
+        self._built.add("graph")
+        self._apply(self._graph_changes(depth))
+        self.node_details.value = ""
+
+    def ensure_built(self) -> None:
+        """Fill every lazy section now (the static copy shows them all)."""
+        for tab in (GRAPH_TAB, 1):
+            self._apply(self._lazy_changes(tab))
 
     def _apply(self, changes: list[tuple[Any, str, Any]]) -> None:
         """Set traits with one state message per widget (hold_sync batches each widget)."""
@@ -234,6 +293,7 @@ class TracePanel:
     # ----- static fallback --------------------------------------------------------------
     def static_html(self) -> str:
         """The panel as one HTML document fragment, figures embedded as PNG."""
+        self.ensure_built()
         return page(self.trace, self._timeline_png, self._graph_png, self._graph_note, self._tables)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:

@@ -6,11 +6,14 @@ The panel lowers the same `Sentence`s and `Table`s to HTML, so text and widget a
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Callable, Iterable
 
+from autograd_magic.analysis.layout import graph_view
 from autograd_magic.model.records import BackwardCall, SavedBuffer, VersionBump
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import format_bytes, where
+from autograd_magic.views.graph_table import graph_table
 from autograd_magic.views.modules import module_table, top_modules_text
 from autograd_magic.views.tables import (
     MAX_TABLE_ROWS,
@@ -198,13 +201,33 @@ def buffer_table(trace: Trace, node_ids: set[int] | None = None) -> Table:
     Tensors alike in all but their node (a loop's steps, repeated layers) share one row:
     'AddmmBackward0 (x1,000)'. A module column appears when the block ran modules."""
     with_module = any(b.module for b in trace.buffers)
-    groups: dict[tuple[str, ...], list[SavedBuffer]] = {}
+    # Group on the raw fields first (formatting 100,000 rows is the slow part), then on the
+    # rows as shown: different raw fields can read the same.
+    raw: dict[tuple, list[SavedBuffer]] = {}
     for b in trace.buffers:
         if node_ids is None or b.node_id in node_ids:
-            row = _buffer_row(trace, b, with_node=False)
-            # Repeated layers' tensors (`layers.0.w`, `layers.1.w`) share a row too.
-            key = (row[0], _pattern(row[1]), *row[2:], _pattern(b.module or ""))
-            groups.setdefault(key, []).append(b)
+            node = None if b.label or b.node_id is None else trace.node(b.node_id)
+            name = b.label or (node.name if node is not None else "")
+            fields = (
+                name,
+                b.shape,
+                b.dtype,
+                b.device,
+                b.nbytes,
+                b.is_leaf,
+                b.is_parameter,
+                b.saved_site.line,
+                b.freed_site,
+                b.freed,
+                b.module,
+            )
+            raw.setdefault(fields, []).append(b)
+    groups: dict[tuple[str, ...], list[SavedBuffer]] = {}
+    for members in raw.values():  # `saved by add` for AddBackward0 and AddBackward1 alike
+        row = _buffer_row(trace, members[0], with_node=False)
+        # Repeated layers' tensors (`layers.0.w`, `layers.1.w`) share a row too.
+        key = (row[0], _pattern(row[1]), *row[2:], _pattern(members[0].module or ""))
+        groups.setdefault(key, []).extend(members)
     ordered = sorted(groups.items(), key=lambda kv: (kv[1][0].freed, -kv[1][0].nbytes, kv[1][0].id))
     rows = []
     for key, members in ordered[:MAX_TABLE_ROWS]:
@@ -357,9 +380,36 @@ def _natural(label: str) -> tuple:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", label))
 
 
+_TABLES: weakref.WeakKeyDictionary[Trace, tuple[tuple, list[Table]]] = weakref.WeakKeyDictionary()
+
+
+def report_tables(trace: Trace) -> list[Table]:
+    """The report's tables: modules, saved-tensor totals and rows, storage, versions. Built once
+    per state of the trace (the panel, its static copy and the text report share them)."""
+    asked = (
+        len(trace.nodes),
+        len(trace.buffers),
+        len(trace.links),
+        len(trace.version_bumps),
+        trace.finished,
+    )
+    last = _TABLES.get(trace)
+    if last is None or last[0] != asked:
+        tables = [
+            module_table(trace),
+            buffer_totals(trace),
+            buffer_table(trace),
+            storage_table(trace),
+            versions_table(trace),
+        ]
+        _TABLES[trace] = last = (asked, tables)
+    return last[1]
+
+
 def render_text(trace: Trace, tables: bool = True) -> str:
     """The whole report as plain text: summary, sentences, backward calls (grouped by line) and,
-    unless `tables` is False, every table, each cut to `TEXT_TABLE_ROWS` rows with a note."""
+    unless `tables` is False, the graph's boxes and every table, each cut to `TEXT_TABLE_ROWS`
+    rows with a note."""
     state = "error" if trace.error else ("finished" if trace.finished else "running")
     parts = [f"autograd_magic trace ({state})"]
     parts.append("\n".join(f"  {label}: {value}" for label, value in summary_items(trace)))
@@ -371,12 +421,9 @@ def render_text(trace: Trace, tables: bool = True) -> str:
         parts.append("Backward calls:\n" + "\n".join(f"  - {s.text}" for s in calls))
     if not tables:
         return "\n\n".join(parts) + "\n"
-    for table in (
-        module_table(trace),
-        buffer_totals(trace),
-        buffer_table(trace),
-        storage_table(trace),
-        versions_table(trace),
-    ):
+    shown = report_tables(trace)
+    if trace.nodes:
+        shown = [shown[0], graph_table(graph_view(trace)), *shown[1:]]
+    for table in shown:
         parts.append(table_text(capped(table, TEXT_TABLE_ROWS)))
     return "\n\n".join(parts) + "\n"
