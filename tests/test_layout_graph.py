@@ -131,3 +131,20 @@ def test_text_report_lists_the_default_graph_view():
     assert rows[2].split() == ["layers.0.attn", "Attention", "3", "1.0", "KiB", "1.0", "KiB"]
     assert "85 nodes shown as 37 boxes: one box per module at depth 2 of 2" in text
     assert "Showing the first 20 of 37 boxes." in text
+
+
+def test_a_module_box_counts_the_bytes_the_modules_view_gives():
+    # GIVEN a small MLP whose first layer saves only its input (a leaf) and the others activations
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    with autograd_magic.track() as trace:
+        loss = net(torch.randn(4, 8)).pow(2).sum()
+    # WHEN laid out one box per layer
+    view = layout.graph_view(trace, depth=1)
+    boxes = {b.module: b for b in view.boxes if b.module}
+    # THEN each box's bytes are its module's saved bytes: activations, not inputs or weights
+    stats = {m.path: m for m in trace.modules()}
+    for path in ("net.0", "net.1", "net.2"):
+        assert boxes[path].saved_bytes == stats[path].saved_bytes, path
+    assert boxes["net.0"].saved_bytes == 0 and boxes["net.1"].saved_bytes == 4 * 16 * 4
+    del loss
