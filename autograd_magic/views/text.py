@@ -223,11 +223,13 @@ def buffer_table(trace: Trace, node_ids: set[int] | None = None) -> Table:
             )
             raw.setdefault(fields, []).append(b)
     groups: dict[tuple[str, ...], list[SavedBuffer]] = {}
+    labels: dict[tuple[str, ...], set[str]] = {}
     for members in raw.values():  # `saved by add` for AddBackward0 and AddBackward1 alike
         row = _buffer_row(trace, members[0], with_node=False)
         # Repeated layers' tensors (`layers.0.w`, `layers.1.w`) share a row too.
         key = (row[0], _pattern(row[1]), *row[2:], _pattern(members[0].module or ""))
         groups.setdefault(key, []).extend(members)
+        labels.setdefault(key, set()).add(row[1])
     ordered = sorted(groups.items(), key=lambda kv: (kv[1][0].freed, -kv[1][0].nbytes, kv[1][0].id))
     rows = []
     for key, members in ordered[:MAX_TABLE_ROWS]:
@@ -236,8 +238,8 @@ def buffer_table(trace: Trace, node_ids: set[int] | None = None) -> Table:
         else:
             node = trace.node(members[0].node_id) if members[0].node_id is not None else None
             name = "?" if node is None else node.name
-            labels = {_buffer_row(trace, b, with_node=False)[1] for b in members}
-            label = labels.pop() if len(labels) == 1 else key[1]
+            shown = labels[key]
+            label = next(iter(shown)) if len(shown) == 1 else key[1]
             row = (f"{name} (x{len(members):,})", label, *key[2:5], f"{key[5]} each", *key[6:-1])
         if with_module:
             modules = {b.module for b in members}
@@ -308,15 +310,21 @@ def versions_table(trace: Trace) -> Table:
     one row ('1 -> 1001 (1,000 writes)'), and so do the same layer's tensors in repeated layers
     ('model.layers.*.weight ... (4 tensors)') and one optimizer state entry of every parameter
     (`opt.state[*]['exp_avg']`); writes that bypass the counter flagged."""
+    # Grouped on the raw fields first (a long loop has 100,000 writes), in order of appearance.
+    raw: dict[tuple, list[VersionBump]] = {}
+    for bump in trace.version_bumps:
+        key = (bump.label, bump.op, bump.site, bump.affected, bump.bypass, bump.bypassed)
+        raw.setdefault(key, []).append(bump)
     groups: dict[tuple[str, ...], list[VersionBump]] = {}
-    for bump in sorted(trace.version_bumps, key=lambda v: (_natural(v.label), v.seq)):
+    for bumps in sorted(raw.values(), key=lambda b: (_natural(b[0].label), b[0].seq)):
+        bump = bumps[0]
         if bump.bypass:
             via = f" through {bump.bypassed}" if bump.bypassed else ""
             flag = f"BYPASS{via}: version unchanged, autograd cannot see this write"
         else:
             flag = ""
         key = (_pattern(bump.label), bump.op, where(bump.site), ", ".join(bump.affected), flag)
-        groups.setdefault(key, []).append(bump)
+        groups.setdefault(key, []).extend(bumps)
     rows = []
     for (_, op, at, affected, flag), bumps in groups.items():
         for label, members in _merged_or_split(bumps):
