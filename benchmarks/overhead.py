@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 import autograd_magic
 from benchmarks.results import RATIO_TARGETS, Row, verdict
@@ -46,12 +47,28 @@ def variants(workload: Workload, steps: int) -> dict[str, Callable[[], None]]:
             for _ in range(steps):
                 step()
 
+    def mechanism() -> None:
+        # What the design's hooks cost with no bookkeeping at all: the floor for `tracked`.
+        for _ in range(steps):
+            with _EmptyMode(), torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
+                step()
+
     return {
         "untracked": untracked,
         "tracked": tracked,
         "profiler": profiled,
         "tracked_loop": tracked_loop,
+        "mechanism": mechanism,
     }
+
+
+class _EmptyMode(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        return func(*args, **(kwargs or {}))
+
+
+def _keep(value: object) -> object:
+    return value
 
 
 def measure(workload: Workload, rounds: int, warmup: int, steps: int = 1) -> Row:
@@ -59,6 +76,7 @@ def measure(workload: Workload, rounds: int, warmup: int, steps: int = 1) -> Row
     times = interleave(variants(workload, steps), rounds, warmup)
     found = ratios(times, "untracked")
     ours, peer, loop = found["tracked"], found["profiler"], found["tracked_loop"]
+    floor = found["mechanism"]
     base_ms = sorted(times["untracked"])[len(times["untracked"]) // 2] * 1e3 / steps
     limit = RATIO_TARGETS[workload.key]
     return Row(
@@ -75,6 +93,8 @@ def measure(workload: Workload, rounds: int, warmup: int, steps: int = 1) -> Row
             f"torch.profiler min-max {peer.low:.2f}-{peer.high:.2f}x",
             f"the same {steps} step(s) in one tracked block (a cell holding the loop): "
             f"{loop.describe()}",
+            f"the mechanism alone (an empty TorchFunctionMode and no-op saved-tensor hooks per "
+            f"block, no bookkeeping): {floor.describe()}",
         ],
         ratio=ours.median,
         peer_ratio=peer.median,

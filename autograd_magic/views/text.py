@@ -313,8 +313,8 @@ def versions_table(trace: Trace) -> Table:
     # Grouped on the raw fields first (a long loop has 100,000 writes), in order of appearance.
     raw: dict[tuple, list[VersionBump]] = {}
     for bump in trace.version_bumps:
-        key = (bump.label, bump.op, bump.site, bump.affected, bump.bypass, bump.bypassed)
-        raw.setdefault(key, []).append(bump)
+        fields = (bump.label, bump.op, bump.site, bump.affected, bump.bypass, bump.bypassed)
+        raw.setdefault(fields, []).append(bump)
     groups: dict[tuple[str, ...], list[VersionBump]] = {}
     for bumps in sorted(raw.values(), key=lambda b: (_natural(b[0].label), b[0].seq)):
         bump = bumps[0]
