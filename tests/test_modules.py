@@ -261,3 +261,35 @@ def test_the_module_table_shows_identical_repeated_layers_once():
     # every module is still in trace.modules(): 4 outer ones and 9 in each layer
     assert len(trace.modules()) == 4 + 4 * 9
     del out
+
+
+def test_an_interrupt_while_module_hooks_are_installed_leaves_none_behind(monkeypatch):
+    """GIVEN a KeyboardInterrupt right after torch registered the block's forward hook (before
+    its handle could be stored) WHEN the block is entered THEN the interrupt reaches the user
+    and no global module hook of ours is left registered."""
+    from torch.nn.modules import module as nn_module
+
+    before = (
+        dict(nn_module._global_forward_pre_hooks),
+        dict(nn_module._global_forward_hooks),
+    )
+    register = nn_module.register_module_forward_hook
+
+    def register_then_interrupt(*args, **kwargs):
+        register(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(nn_module, "register_module_forward_hook", register_then_interrupt)
+    raised = False
+    try:
+        with am.track():
+            pass
+    except KeyboardInterrupt:
+        raised = True
+    assert raised
+    assert dict(nn_module._global_forward_pre_hooks) == before[0]
+    assert dict(nn_module._global_forward_hooks) == before[1]
+    from autograd_magic.recorder import modules as recorder_modules
+
+    # (torch's own "any global hook?" check is put back once no tracker is installed)
+    assert nn_module._has_any_global_hook is recorder_modules._original_has_any_global_hook

@@ -57,6 +57,13 @@ class ModuleTracker:
             handle.remove()
             _OUR_HOOKS.discard(handle.id)
         self._handles.clear()
+        # A hook registered just before an interrupt, its handle never stored: found by owner.
+        for table in (nn_module._global_forward_pre_hooks, nn_module._global_forward_hooks):
+            for key, hook in list(table.items()):
+                if getattr(hook, "__self__", None) is self:
+                    del table[key]
+                    _OUR_HOOKS.discard(key)
+                    nn_module._global_forward_hooks_always_called.pop(key, None)
         if not _OUR_HOOKS:  # the last tracker out puts torch's check back
             nn_module._has_any_global_hook = _original_has_any_global_hook
 
