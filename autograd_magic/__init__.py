@@ -48,6 +48,19 @@ def track(save: str | os.PathLike[str] | None = None, **options: Any) -> Recorde
     return Recorder(**options)
 
 
+def uninstall() -> int:
+    """Remove every recorder still installed on this thread, running or left behind by an
+    interrupt that landed as a block ended; returns how many. Their traces stay unfinished."""
+    from autograd_magic.recorder import install
+    from autograd_magic.recorder.core import _RecorderMode
+
+    blocks = [b for b in install.live_blocks() if isinstance(b, Recorder)]
+    for block in blocks:
+        block.abandon()
+    install.purge_ended_modes(_RecorderMode)
+    return len(blocks)
+
+
 def show(*traces: Trace, names: list[str] | None = None) -> None:
     """Display finished traces: one as its panel, several side by side (peaks, findings per
     trace). Outside IPython, prints the text report."""
@@ -114,4 +127,5 @@ __all__ = [
     "last_trace",
     "show",
     "track",
+    "uninstall",
 ]

@@ -631,3 +631,24 @@ def _strip_tracking(body: Callable[[], Any]) -> Any:
         return body()
     finally:
         am.track = real
+
+
+def test_uninstall_removes_a_block_whose_exit_never_ran():
+    # GIVEN a block entered whose __exit__ never ran (an interrupt as the block ended)
+    import numpy as np
+    from torch.overrides import _get_current_function_mode_stack
+
+    original_from_numpy = torch.from_numpy
+    recorder = am.track()
+    recorder.__enter__()
+    assert _get_current_function_mode_stack()
+    assert torch.from_numpy is not original_from_numpy
+    # WHEN the user calls uninstall()
+    removed = am.uninstall()
+    # THEN it says one block was removed and nothing of the recorder is left installed
+    assert removed == 1
+    assert not _get_current_function_mode_stack()
+    assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None
+    assert torch.from_numpy is original_from_numpy
+    assert torch.from_numpy(np.ones(2)).sum().item() == 2.0
+    assert am.uninstall() == 0

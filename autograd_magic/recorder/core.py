@@ -200,6 +200,11 @@ class Recorder:
             except BaseException as error:
                 pending = error
 
+    def abandon(self) -> None:
+        """Remove what this block installed without finishing its trace (`uninstall()`)."""
+        self._remove_all()
+        self.writer.closed = True
+
     def __exit__(
         self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None
     ) -> Literal[False]:

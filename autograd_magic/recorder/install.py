@@ -48,6 +48,11 @@ def _live_blocks() -> list[Patched]:
     return [block for ref in list(_active) if (block := ref()) is not None]
 
 
+def live_blocks() -> list[Patched]:
+    """Every block whose patches are still installed (running, or left by an interrupt)."""
+    return _live_blocks()
+
+
 def _from_numpy(array: Any) -> torch.Tensor:
     tensor = _originals["from_numpy"](array)
     for block in _live_blocks():
