@@ -59,20 +59,13 @@ class TrackGraphMagics(Magics):
         """
         __tracebackhide__ = True  # the user's traceback starts in their cell
         shell: Any = self.shell  # set once the magics are registered on a shell
-        args = _parse(self.trackgraph, line)
-        try:
-            body, last = _compile_cell(shell, cell)
-        except SyntaxError as exc:
-            # As for a plain cell: the error points into the cell, not at the magic's frames.
-            raise exc.with_traceback(None) from None
+        args, body, last = _prepare(shell, line, cell)
         is_async = _is_async(body) or (last is not None and _is_async(last))
         if is_async and _loop_running():
+            # Only when called directly: the input transformer sends such cells to
+            # `run_cell_async`, which the kernel awaits.
             raise UsageError(_AWAIT_MESSAGE)
-        trace = Trace()
-        panel, handle = None, None
-        if not (args.no_live or args.text) and _widget_frontend(shell):
-            panel = _new_panel(trace, args.max_nodes, args.refresh)
-            handle = display(panel, display_id=True)
+        trace, panel, handle = _start(shell, args)
         value, error = None, None
         try:
             with autograd_magic.track(trace=trace, home_code=body, namespace=shell.user_ns):
@@ -86,13 +79,99 @@ class TrackGraphMagics(Magics):
             error = exc
         finally:
             trace.listen(None)
-        autograd_magic._last_trace = trace
-        if args.out:
-            shell.user_ns[args.out] = trace
-        _show(trace, panel, handle, args, error, _widget_frontend(shell))
-        if error is not None:
-            raise error.with_traceback(_from_cell(error.__traceback__, (body, last)))
-        return value
+        return _end(shell, args, trace, panel, handle, value, error, (body, last))
+
+
+async def run_cell_async(line: str, cell: str) -> Any:
+    """`%%trackgraph` for a cell with top-level `await`, run on the event loop that runs the
+    cell: `await_cells` rewrites such a cell into `await run_cell_async(line, cell)`."""
+    __tracebackhide__ = True
+    from IPython import get_ipython
+
+    shell: Any = get_ipython()
+    args, body, last = _prepare(shell, line, cell)
+    trace, panel, handle = _start(shell, args)
+    value, error = None, None
+    try:
+        with autograd_magic.track(trace=trace, home_code=body, namespace=shell.user_ns):
+            value = await _run_async(body, last, shell.user_ns)
+    except BaseException as exc:  # shown in the panel, then re-raised unchanged below
+        error = exc
+    finally:
+        trace.listen(None)
+    return _end(shell, args, trace, panel, handle, value, error, (body, last))
+
+
+def await_cells(lines: list[str]) -> list[str]:
+    """IPython input transformer: a `%%trackgraph` cell with top-level `await` becomes
+    `await ...run_cell_async(line, cell)`, so IPython runs it on its event loop as it runs a
+    plain cell with `await` (a cell magic itself is always called synchronously)."""
+    if not lines or not lines[0].startswith("%%trackgraph"):
+        return lines
+    name, _, line = lines[0][2:].rstrip().partition(" ")  # as IPython splits a cell magic
+    shell: Any = _shell()
+    if name != "trackgraph" or shell is None or not getattr(shell, "autoawait", False):
+        return lines
+    cell = "".join(lines[1:])
+    try:
+        source = shell.transform_cell(cell)
+        code = compile(source, "<cell>", "exec", ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, True)
+    except Exception:  # the magic reports the error as for any cell
+        return lines
+    if not _is_async(code):
+        return lines
+    call = f"run_cell_async({line!r}, {cell!r})"
+    return [f"await __import__('autograd_magic.magic').magic.{call}\n"]
+
+
+def _shell() -> Any:
+    from IPython import get_ipython
+
+    return get_ipython()
+
+
+def _prepare(shell: Any, line: str, cell: str) -> tuple[Any, CodeType, CodeType | None]:
+    """Options, and the cell compiled; a bad option or a syntax error stops here, before the
+    cell runs, with the error shown as for a plain cell."""
+    __tracebackhide__ = True
+    args = _parse(TrackGraphMagics.trackgraph, line)
+    try:
+        body, last = _compile_cell(shell, cell)
+    except SyntaxError as exc:
+        # As for a plain cell: the error points into the cell, not at the magic's frames.
+        raise exc.with_traceback(None) from None
+    return args, body, last
+
+
+def _start(shell: Any, args: Any) -> tuple[Trace, Any, Any]:
+    """The trace to fill, and the live panel already on screen (None when not live)."""
+    trace = Trace()
+    panel, handle = None, None
+    if not (args.no_live or args.text) and _widget_frontend(shell):
+        panel = _new_panel(trace, args.max_nodes, args.refresh)
+        handle = display(panel, display_id=True)
+    return trace, panel, handle
+
+
+def _end(
+    shell: Any,
+    args: Any,
+    trace: Trace,
+    panel: Any,
+    handle: Any,
+    value: Any,
+    error: BaseException | None,
+    codes: tuple[CodeType | None, ...],
+) -> Any:
+    """Store and show the finished trace; then the cell's value, or its exception unchanged."""
+    __tracebackhide__ = True
+    autograd_magic._last_trace = trace
+    if args.out:
+        shell.user_ns[args.out] = trace
+    _show(trace, panel, handle, args, error, _widget_frontend(shell))
+    if error is not None:
+        raise error.with_traceback(_from_cell(error.__traceback__, codes))
+    return value
 
 
 def _parse(magic: Any, line: str) -> Any:
@@ -118,7 +197,7 @@ def _compile_cell(shell: Any, cell: str) -> tuple[CodeType, CodeType | None]:
     """The cell body compiled by IPython's compiler (tracebacks show its lines), and its last
     expression compiled separately so its value can be displayed like a normal cell's."""
     source = shell.transform_cell(cell)
-    filename = shell.compile.cache(source, shell.execution_count, raw_code=cell)
+    filename = shell.compile.cache(source, _running_cell_number(shell), raw_code=cell)
     tree = shell.transform_ast(shell.compile.ast_parse(source, filename=filename))
     last = None
     # Top-level `await` compiles as in a plain IPython cell (the code is then a coroutine).
@@ -126,6 +205,19 @@ def _compile_cell(shell: Any, cell: str) -> tuple[CodeType, CodeType | None]:
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = compile(ast.Expression(tree.body.pop().value), filename, "eval", flags, True)
     return compile(tree, filename, "exec", flags, True), last
+
+
+def _running_cell_number(shell: Any) -> int:
+    """N of the In[N] that runs the magic, for the cell's tracebacks. IPython counts the cell
+    before running it (`execution_count` is then N + 1), so read the caller's compiled name."""
+    numbers = getattr(shell.compile, "_filename_map", None) or {}
+    frame = sys._getframe(2)
+    while frame is not None:
+        number = numbers.get(frame.f_code.co_filename)
+        if number is not None:
+            return number
+        frame = frame.f_back
+    return shell.execution_count
 
 
 def _is_async(code: CodeType) -> bool:
@@ -153,9 +245,9 @@ async def _run_async(body: CodeType, last: CodeType | None, namespace: dict) -> 
 
 
 _AWAIT_MESSAGE = (
-    "%%trackgraph cannot run a cell with top-level `await` while the kernel's event loop is "
-    "running (a cell magic is called synchronously). Put the awaited code in an async function "
-    "and await it from a plain cell, with `with autograd_magic.track() as trace:` inside it."
+    "%%trackgraph got a cell with top-level `await` through a direct call while an event loop "
+    "is running (a magic is called synchronously). Run it as a `%%trackgraph` cell, which is "
+    "awaited like a plain cell, or `await autograd_magic.magic.run_cell_async(line, cell)`."
 )
 
 
@@ -219,8 +311,11 @@ TrackGraphMagics.trackgraph.__doc__ = TrackGraphMagics.trackgraph.parser.format_
 
 
 def load(ipython: Any) -> None:
-    """Register `%%trackgraph` on `ipython`."""
+    """Register `%%trackgraph` on `ipython`, and the transformer for cells with `await`."""
     ipython.register_magics(TrackGraphMagics)
+    cleanup = ipython.input_transformers_cleanup
+    if await_cells not in cleanup:
+        cleanup.append(await_cells)
 
 
 def unload(ipython: Any) -> None:
@@ -228,3 +323,6 @@ def unload(ipython: Any) -> None:
     manager = ipython.magics_manager
     manager.magics["cell"].pop("trackgraph", None)
     manager.registry.pop(TrackGraphMagics.__name__, None)
+    cleanup = ipython.input_transformers_cleanup
+    while await_cells in cleanup:
+        cleanup.remove(await_cells)

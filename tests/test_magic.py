@@ -16,6 +16,7 @@ from IPython.utils.capture import capture_output
 
 import autograd_magic
 from autograd_magic import magic
+from autograd_magic.magic import await_cells
 from autograd_magic.model.trace import Trace
 
 
@@ -209,6 +210,23 @@ def test_unload_and_reload_extension(shell):
     result, captured = run(shell, "%%trackgraph --text\nran = True\n")
     assert result.success and shell.user_ns["ran"] is True
     assert "autograd_magic trace (finished)" in captured.stdout
+    # The transformer for cells with `await` is registered once and goes with the magic.
+    assert shell.input_transformers_cleanup.count(await_cells) == 1
+    shell.run_line_magic("unload_ext", "autograd_magic")
+    assert await_cells not in shell.input_transformers_cleanup
+    shell.run_line_magic("load_ext", "autograd_magic")
+
+
+def test_only_trackgraph_cells_with_top_level_await_are_rewritten(shell):
+    plain = ["%%trackgraph -o t\n", "x = 1\n"]
+    nested = ["%%trackgraph\n", "async def f():\n", "    await g()\n"]
+    other = ["%%timeit\n", "await g()\n"]
+    assert await_cells(plain) == plain and await_cells(nested) == nested
+    assert await_cells(other) == other
+    rewritten = await_cells(["%%trackgraph -o t\n", "await g()\n"])
+    assert rewritten == [
+        "await __import__('autograd_magic.magic').magic.run_cell_async('-o t', 'await g()\\n')\n"
+    ]
 
 
 class FakeComm(DummyComm):

@@ -577,6 +577,57 @@ def test_once_per_location_dedup_is_the_same_tracked():
     assert _once_per_location(True) == _once_per_location(False) == 2
 
 
+# Both warnings come from PyTorch's C++ code, raised on the frame that called the op.
+_CPP_WARNINGS = """
+import torch
+def step():
+    x = torch.ones(3, requires_grad=True)
+    y = x * 2
+    y.grad
+    return torch.tensor(y.detach())
+for _ in range(3):
+    step()
+"""
+
+
+def _cpp_warnings(tracked: bool, action: str, module: str) -> list[tuple[str, str, int]]:
+    """Warnings seen running `_CPP_WARNINGS` as module `training` under one filter `action`."""
+    namespace = {"__name__": "training"}
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        warnings.filterwarnings(action, module=module)
+        with am.track() if tracked else contextlib.nullcontext():
+            exec(compile(_CPP_WARNINGS, "training.py", "exec"), namespace)
+    return [(str(w.message)[:30], w.filename, w.lineno) for w in seen]
+
+
+@pytest.mark.parametrize(
+    ("action", "module", "expected"),
+    [
+        ("always", "training", 6),
+        ("once", "training", 2),
+        ("ignore", "training", 0),
+        ("ignore", "autograd_magic", 6),
+    ],
+)
+def test_a_warning_from_torch_cpp_code_lands_on_the_callers_line(action, module, expected):
+    untracked = _cpp_warnings(False, action, module)
+    assert len(untracked) == expected
+    assert {w[1:] for w in untracked} <= {("training.py", 6), ("training.py", 7)}
+    assert _cpp_warnings(True, action, module) == untracked
+
+
+def test_an_error_in_a_builtin_op_names_the_users_line_and_function():
+    x = torch.ones(3)
+    with pytest.raises(RuntimeError) as caught, am.track() as trace:
+        x.view(2, 2)  # the failing line
+    assert "shape '[2, 2]' is invalid" in str(caught.value)
+    site = trace.error_site
+    assert site is not None
+    assert (site.file, site.function) == (__file__, sys._getframe().f_code.co_name)
+    assert site.line == sys._getframe().f_lineno - 5
+
+
 @pytest.mark.xfail(strict=True, reason="with saved-tensor hooks set, PyTorch wraps every unpack")
 def test_a_saved_leaf_unpacks_as_the_same_object():
     x = torch.ones(3, requires_grad=True)

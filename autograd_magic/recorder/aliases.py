@@ -131,13 +131,15 @@ class AliasTracker:
         return failing, silent
 
     # ----- in-place writes ---------------------------------------------------------------
-    def run_inplace(self, func: Callable[..., Any], op: str, args: tuple, kwargs: dict) -> Any:
-        """Run an op that may write in place and record each version bump it causes."""
+    def run_inplace(
+        self, func: Callable[..., Any], op: str, args: tuple, kwargs: dict, call: Callable[..., Any]
+    ) -> Any:
+        """Run an op (through `call`) that may write in place and record each version bump."""
         __tracebackhide__ = True
         targets = _write_targets(args, kwargs)
         before = [t._version for t in targets]
         saved_before = self.trace.buffers_saved
-        out = func(*args, **kwargs)
+        out = call(func, args, kwargs)
         site = None
         for tensor, old in zip(targets, before, strict=True):
             new = tensor._version

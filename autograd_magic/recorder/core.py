@@ -14,7 +14,7 @@ import threading
 import weakref
 from collections import Counter
 from collections.abc import Callable
-from types import CodeType, TracebackType
+from types import CodeType, FunctionType, TracebackType
 from typing import Any, Literal
 
 import torch
@@ -34,6 +34,7 @@ from autograd_magic.model.units import ACCUMULATE_GRAD, describe_error
 from autograd_magic.recorder import install
 from autograd_magic.recorder.aliases import AliasTracker
 from autograd_magic.recorder.backward import run_backward
+from autograd_magic.recorder.caller import CallerStandIns, StandIn
 from autograd_magic.recorder.modules import ModuleTracker
 from autograd_magic.recorder.naming import frame_namespace
 from autograd_magic.recorder.ops import OpKind, classify
@@ -48,7 +49,17 @@ _TYPE_NAMES: dict[Any, str] = {}
 _SHAPES: dict[tuple[int, ...], tuple[int, ...]] = {}
 _is_compiling = torch.compiler.is_compiling
 _Tensor = torch.Tensor
+_PyFunction = FunctionType
+_frame = sys._getframe
 MAX_PATHS_PER_ROOT = 4
+
+
+def _call(func: Any, args: tuple, kwargs: dict | None = None) -> Any:
+    """A plain call, for functions that raise their warnings from their own frame."""
+    __tracebackhide__ = True
+    return func(*args, **kwargs) if kwargs else func(*args)
+
+
 _next_trace_number = 0
 
 
@@ -95,9 +106,12 @@ class _RecorderMode(TorchFunctionMode):
             return func(*args, **(kwargs or {}))
         if types and not _plain_types(types):
             return recorder._on_subclass(func, args, kwargs or {})
+        # A builtin runs from a stand-in for the caller's frame (C++ warnings land there);
+        # a Python function has its own frame for that.
+        call = _call if type(func) is _PyFunction else recorder._stand_ins.for_frame(_frame(1))
         if func in _PLAIN and not recorder._busy and not (kwargs and "out" in kwargs):
-            return recorder._on_plain(func, args, kwargs)
-        return recorder._on_call(func, args, kwargs or {})
+            return recorder._on_plain(func, args, kwargs, call)
+        return recorder._on_call(func, args, kwargs or {}, call)
 
 
 class Recorder:
@@ -141,6 +155,7 @@ class Recorder:
         self._blind_lines: set[tuple[str, int]] = set()
         self.aliases = AliasTracker(self.writer, self._sites)
         self.modules = ModuleTracker(self.writer)
+        self._stand_ins = CallerStandIns()
 
     # ----- install / remove -------------------------------------------------------------
     def __enter__(self) -> Trace:
@@ -187,8 +202,9 @@ class Recorder:
         if self._pack_hook is not None:
             install.remove_hooks(self._pack_hook)
         # The mode and hooks point back at this recorder: drop them so no cycle outlives
-        # the block (users may run with gc disabled).
+        # the block (users may run with gc disabled). The stand-ins hold callers' globals.
         self._mode = self._pack_hook = None
+        self._stand_ins.clear()
 
     def _remove_all(self) -> BaseException | None:
         """`_uninstall`, run to the end even when interrupted; returns the interruption."""
@@ -280,7 +296,7 @@ class Recorder:
         self.writer.close(None if self._analyze is None else self._analyze(self.trace))
 
     # ----- per-call path ----------------------------------------------------------------
-    def _on_call(self, func: Any, args: tuple, kwargs: dict) -> Any:
+    def _on_call(self, func: Any, args: tuple, kwargs: dict, call: StandIn = _call) -> Any:
         __tracebackhide__ = True
         entry = self._kinds.get(func)
         if entry is None:
@@ -294,13 +310,13 @@ class Recorder:
         self._in_call = True
         try:
             if kind is OpKind.PLAIN and "out" not in kwargs:
-                out = func(*args, **kwargs)
+                out = call(func, args, kwargs)
             elif kind is OpKind.INPLACE or kind is OpKind.PLAIN:
-                out = self.aliases.run_inplace(func, name, args, kwargs)
+                out = self.aliases.run_inplace(func, name, args, kwargs, call)
             elif kind is OpKind.BACKWARD or kind is OpKind.GRAD:
                 out = run_backward(self, func, kind, args, kwargs)
             else:
-                out = func(*args, **kwargs)
+                out = call(func, args, kwargs)
                 self.aliases.link(out, args[0] if args else kwargs.get("data"), name, kind)
             self._register_outputs(out, mark)
         finally:
@@ -310,13 +326,13 @@ class Recorder:
             self._notify_listener()
         return out
 
-    def _on_plain(self, func: Any, args: tuple, kwargs: dict | None) -> Any:
+    def _on_plain(self, func: Any, args: tuple, kwargs: dict | None, call: StandIn) -> Any:
         """`_on_call` for the common op (kind PLAIN, no `out=`), kept short: it runs per op."""
         __tracebackhide__ = True
         mark = len(self._unowned)
         self._in_call = True
         try:
-            out = func(*args, **kwargs) if kwargs else func(*args)
+            out = call(func, args, kwargs)
             if type(out) is _Tensor or isinstance(out, _Tensor):
                 grad_fn: Any = out.grad_fn
                 if grad_fn is not None:

@@ -14,6 +14,7 @@ from types import CodeType, FrameType, TracebackType
 import torch
 
 from autograd_magic.model.records import UNKNOWN_SITE, Site
+from autograd_magic.recorder.caller import STAND_IN_NAME
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # autograd_magic/
 _LIBRARY_PREFIXES: tuple[str, ...] = tuple(
@@ -66,7 +67,7 @@ class SiteFinder:
                 if len(library) > 65_536:  # bounded: each notebook cell is a new file name
                     library.clear()
                 hit = library[filename] = is_library_file(filename)
-            if not hit:
+            if not hit and frame.f_code.co_name != STAND_IN_NAME:
                 break
             frame = frame.f_back
         if frame is None:
@@ -116,7 +117,7 @@ def site_of_traceback(tb: TracebackType | None, sites: SiteFinder) -> Site | Non
     best, outer, outer_code = None, None, None
     while tb is not None:
         code = tb.tb_frame.f_code
-        user = not is_library_file(code.co_filename)
+        user = not is_library_file(code.co_filename) and code.co_name != STAND_IN_NAME
         if code is sites.home_code or (user and code.co_name == "<module>"):
             outer, outer_code = tb.tb_lineno, code
         if user:

@@ -20,9 +20,17 @@ from typing import Any
 
 import torch.fx.traceback as torch_fx_traceback
 
+from autograd_magic.recorder.caller import STAND_IN_NAME
+
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _OVERRIDES = os.path.join("torch", "overrides.py")
 ORIGINAL_WARN = warnings.warn
+
+
+def _is_recorder(frame: FrameType) -> bool:
+    """The recorder's own frames, and the stand-ins it runs builtins from (see `caller`)."""
+    code = frame.f_code
+    return code.co_filename.startswith(_PACKAGE_DIR) or code.co_name == STAND_IN_NAME
 
 
 def _untracked_level(stacklevel: int) -> int:
@@ -32,11 +40,11 @@ def _untracked_level(stacklevel: int) -> int:
     while frame is not None and virtual < stacklevel:
         frame = frame.f_back
         real += 1
-        if frame is None or not frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        if frame is None or not _is_recorder(frame):
             virtual += 1
             continue
         # A run of recorder frames: skip it, and the dispatch frames torch put above it.
-        while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        while frame is not None and _is_recorder(frame):
             frame, real = frame.f_back, real + 1
         if frame is not None and frame.f_code.co_filename.endswith(_OVERRIDES):
             frame, real = frame.f_back, real + 1  # handle_torch_function
@@ -62,7 +70,7 @@ def without_recorder(entries: list[str]) -> list[str]:
     marker = f'File "{_PACKAGE_DIR}'
     in_run = False
     for entry in entries:
-        if marker not in entry:
+        if marker not in entry and f", in {STAND_IN_NAME}\n" not in entry:
             out.append(entry)
             in_run = False
             continue

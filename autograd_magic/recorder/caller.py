@@ -1,0 +1,64 @@
+"""Runs a torch builtin from a stand-in for its caller's frame.
+
+PyTorch's C++ code raises its warnings (`PyErr_WarnEx`, stacklevel 1) on the innermost Python
+frame. Untracked that is the frame that called the op; tracked it would be the recorder's, so
+warning filters by module and once-per-location deduplication would see a recorder line. The
+stand-in is a one-line function whose code carries the caller's file and line and which runs
+with the caller's globals (module name, `__warningregistry__`): the warning lands where it
+lands untracked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import CodeType, FrameType, FunctionType
+from typing import Any
+
+STAND_IN_NAME = "autograd_magic_call"  # how walks over the stack recognise a stand-in frame
+# One line, so moving `co_firstlineno` moves every instruction onto the caller's line.
+# `__tracebackhide__` keeps the stand-in out of IPython tracebacks.
+_SOURCE = (
+    "def autograd_magic_call(func, args, kwargs=None, __tracebackhide__=True):"
+    " return func(*args, **kwargs) if kwargs else func(*args)\n"
+)
+_TEMPLATE: CodeType = next(
+    c for c in compile(_SOURCE, "<autograd_magic>", "exec").co_consts if isinstance(c, CodeType)
+)
+_MAX_SITES = 65_536
+# (file, line) -> template moved there: code objects hold no user data, shared by every block.
+_CODES: dict[tuple[str, int], CodeType] = {}
+
+StandIn = Callable[..., Any]
+
+
+class CallerStandIns:
+    """Per block: the stand-in for each call position seen. Holds the callers' code objects
+    (so an id is not reused while cached) and globals until `clear()` at the block's end."""
+
+    def __init__(self) -> None:
+        self._by_position: dict[tuple[int, int], tuple[StandIn, CodeType]] = {}
+
+    def for_frame(self, frame: FrameType) -> StandIn:
+        """The stand-in for `frame`'s current call (its file, line and globals)."""
+        code = frame.f_code
+        entry = self._by_position.get((id(code), frame.f_lasti))
+        if entry is None:
+            entry = self._make(frame)
+        return entry[0]
+
+    def _make(self, frame: FrameType) -> tuple[StandIn, CodeType]:
+        code = frame.f_code
+        where = (code.co_filename, frame.f_lineno or code.co_firstlineno)
+        moved = _CODES.get(where)
+        if moved is None:
+            if len(_CODES) > _MAX_SITES:
+                _CODES.clear()
+            moved = _CODES[where] = _TEMPLATE.replace(co_filename=where[0], co_firstlineno=where[1])
+        if len(self._by_position) > _MAX_SITES:
+            self._by_position.clear()
+        entry = (FunctionType(moved, frame.f_globals, None, (None, True)), code)
+        self._by_position[(id(code), frame.f_lasti)] = entry
+        return entry
+
+    def clear(self) -> None:
+        self._by_position.clear()
