@@ -11,7 +11,7 @@ import asyncio
 import inspect
 import keyword
 import sys
-from types import CodeType, TracebackType
+from types import CodeType, FrameType, TracebackType
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -211,7 +211,7 @@ def _running_cell_number(shell: Any) -> int:
     """N of the In[N] that runs the magic, for the cell's tracebacks. IPython counts the cell
     before running it (`execution_count` is then N + 1), so read the caller's compiled name."""
     numbers = getattr(shell.compile, "_filename_map", None) or {}
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         number = numbers.get(frame.f_code.co_filename)
         if number is not None:

@@ -617,6 +617,23 @@ def test_a_warning_from_torch_cpp_code_lands_on_the_callers_line(action, module,
     assert _cpp_warnings(True, action, module) == untracked
 
 
+def _exec_namespace_dropped(tracked: bool) -> list[str]:
+    log: list[str] = []
+    with am.track() if tracked else contextlib.nullcontext():
+        namespace: dict[str, Any] = {"torch": torch}
+        exec("x = torch.ones(3, requires_grad=True)\ny = x.exp()", namespace)
+        weakref.finalize(namespace["y"], log.append, "y freed")
+        del namespace
+        log.append("namespace dropped")
+    return log
+
+
+def test_a_dropped_exec_namespace_frees_its_tensors_at_once(gc_disabled):
+    # The stand-in for `x.exp()` runs with that namespace as globals: it must not keep it.
+    assert _exec_namespace_dropped(True) == _exec_namespace_dropped(False)
+    assert _exec_namespace_dropped(False) == ["y freed", "namespace dropped"]
+
+
 def test_an_error_in_a_builtin_op_names_the_users_line_and_function():
     x = torch.ones(3)
     with pytest.raises(RuntimeError) as caught, am.track() as trace:

@@ -10,8 +10,9 @@ lands untracked.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
-from types import CodeType, FrameType, FunctionType
+from types import CodeType, FrameType, FunctionType, ModuleType
 from typing import Any
 
 STAND_IN_NAME = "autograd_magic_call"  # how walks over the stack recognise a stand-in frame
@@ -33,10 +34,12 @@ StandIn = Callable[..., Any]
 
 class CallerStandIns:
     """Per block: the stand-in for each call position seen. Holds the callers' code objects
-    (so an id is not reused while cached) and globals until `clear()` at the block's end."""
+    (so an id is not reused while cached) until `clear()` at the block's end, and only globals
+    that outlive the block anyway (a module's, or the namespace the block was given)."""
 
-    def __init__(self) -> None:
+    def __init__(self, namespace: dict[str, Any] | None = None) -> None:
         self._by_position: dict[tuple[int, int], tuple[StandIn, CodeType]] = {}
+        self._namespace = namespace
 
     def for_frame(self, frame: FrameType) -> StandIn:
         """The stand-in for `frame`'s current call (its file, line and globals)."""
@@ -54,11 +57,23 @@ class CallerStandIns:
             if len(_CODES) > _MAX_SITES:
                 _CODES.clear()
             moved = _CODES[where] = _TEMPLATE.replace(co_filename=where[0], co_firstlineno=where[1])
+        namespace = frame.f_globals
+        entry = (FunctionType(moved, namespace, None, (None, True)), code)
+        if not (namespace is self._namespace or _is_module_namespace(namespace)):
+            # An exec() namespace the user may drop mid-block (freeing what it holds): never
+            # kept, the stand-in is made again for each call from it.
+            return entry
         if len(self._by_position) > _MAX_SITES:
             self._by_position.clear()
-        entry = (FunctionType(moved, frame.f_globals, None, (None, True)), code)
         self._by_position[(id(code), frame.f_lasti)] = entry
         return entry
 
     def clear(self) -> None:
+        """Drop every stand-in (the block has ended)."""
         self._by_position.clear()
+
+
+def _is_module_namespace(namespace: dict[str, Any]) -> bool:
+    name = dict.get(namespace, "__name__")  # dict's own get: a subclass's runs no user code
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    return isinstance(module, ModuleType) and module.__dict__ is namespace

@@ -155,7 +155,7 @@ class Recorder:
         self._blind_lines: set[tuple[str, int]] = set()
         self.aliases = AliasTracker(self.writer, self._sites)
         self.modules = ModuleTracker(self.writer)
-        self._stand_ins = CallerStandIns()
+        self._stand_ins = CallerStandIns(namespace)
 
     # ----- install / remove -------------------------------------------------------------
     def __enter__(self) -> Trace:
