@@ -53,12 +53,24 @@ def variants(workload: Workload, steps: int) -> dict[str, Callable[[], None]]:
             with _EmptyMode(), torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
                 step()
 
+    def mode_only() -> None:
+        for _ in range(steps):
+            with _EmptyMode():
+                step()
+
+    def hooks_only() -> None:
+        for _ in range(steps):
+            with torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
+                step()
+
     return {
         "untracked": untracked,
         "tracked": tracked,
         "profiler": profiled,
         "tracked_loop": tracked_loop,
         "mechanism": mechanism,
+        "mode_only": mode_only,
+        "hooks_only": hooks_only,
     }
 
 
@@ -94,7 +106,9 @@ def measure(workload: Workload, rounds: int, warmup: int, steps: int = 1) -> Row
             f"the same {steps} step(s) in one tracked block (a cell holding the loop): "
             f"{loop.describe()}",
             f"the mechanism alone (an empty TorchFunctionMode and no-op saved-tensor hooks per "
-            f"block, no bookkeeping): {floor.describe()}",
+            f"block, no bookkeeping): {floor.describe()}; the empty mode alone "
+            f"{found['mode_only'].describe()}; the no-op hooks alone "
+            f"{found['hooks_only'].describe()}",
         ],
         ratio=ours.median,
         peer_ratio=peer.median,

@@ -13,6 +13,7 @@ RATIO_TARGETS: dict[str, float] = {  # issue 14: real training steps within 1.10
     "5": 1.10,
     "9": 1.10,
     "10": 1.10,
+    "11": 1.10,
 }
 MEMORY_TARGET_BYTES = 200 * 10**6
 PANEL_SHARE_TARGET = 0.05

@@ -25,6 +25,10 @@ from benchmarks.results import Row, skipped
 ROOT = Path(__file__).resolve().parent.parent
 NOTES_MARKER = "<!-- Analysis below this line is kept when the suite rewrites this file. -->"
 NO_GPU = "skipped: no GPU"
+BERT = (
+    "would run: Hugging Face BERT, 4 layers, hidden 128, batch 8 x 64, AdamW "
+    "(pip install transformers)"
+)
 CUDA_CNN = "would run: workload 3's CNN, wider (64-128-256), batch 64, 64x64 images, on CUDA"
 ACCURACY = (
     "would run: 8 conv blocks of width 64, batch 32, 64x64 images on CUDA; retained_bytes vs "
@@ -49,8 +53,8 @@ class Plan:
 
 FULL = Plan(
     warmup=2,
-    rounds={"1": 21, "2": 21, "3": 21, "4": 15, "5": 31, "9": 11, "10": 3},
-    steps={"1": 2, "2": 10, "3": 2, "4": 1, "5": 5, "9": 1, "10": 1000},
+    rounds={"1": 21, "2": 21, "3": 21, "4": 15, "5": 31, "9": 11, "10": 3, "11": 11},
+    steps={"1": 2, "2": 10, "3": 2, "4": 1, "5": 5, "9": 1, "10": 1000, "11": 1},
     million_ops=1_000_000,
     panel_steps=60,
     panel_rounds=9,
@@ -60,8 +64,8 @@ FULL = Plan(
 )
 QUICK = Plan(
     warmup=0,
-    rounds=dict.fromkeys(["1", "2", "3", "4", "5", "9", "10"], 1),
-    steps=dict.fromkeys(["1", "2", "3", "4", "5", "9", "10"], 1),
+    rounds=dict.fromkeys(["1", "2", "3", "4", "5", "9", "10", "11"], 1),
+    steps=dict.fromkeys(["1", "2", "3", "4", "5", "9", "10", "11"], 1),
     million_ops=4_000,
     panel_steps=2,
     panel_rounds=1,
@@ -75,6 +79,14 @@ def _overhead(build: Callable[[bool], workloads.Workload], plan: Plan) -> Row:
     workload = build(plan.quick)
     key = workload.key
     return overhead.measure(workload, plan.rounds[key], plan.warmup, plan.steps[key])
+
+
+def _bert_row(plan: Plan) -> list[Row]:
+    workload = workloads.bert(plan.quick)
+    if workload is None:
+        why = "skipped: transformers not installed"
+        return [skipped("11", "BERT training step (Hugging Face)", why, "<= 1.10x", BERT)]
+    return [overhead.measure(workload, plan.rounds["11"], plan.warmup, plan.steps["11"])]
 
 
 def _cuda_rows(plan: Plan) -> list[Row]:
@@ -91,6 +103,7 @@ def jobs(plan: Plan) -> list[tuple[str, Callable[[], list[Row]]]]:
     cpu = [(w(True).key, w) for w in workloads.CPU_WORKLOADS]
     return [
         *((key, lambda build=build: [_overhead(build, plan)]) for key, build in cpu),
+        ("11", lambda: _bert_row(plan)),
         ("5 8", lambda: _cuda_rows(plan)),
         ("6", lambda: [scale.measure(plan.million_ops)]),
         (

@@ -180,6 +180,40 @@ def transformer(quick: bool = False) -> Workload:
     return Workload("9", "transformer training step", details, step)
 
 
+def bert(quick: bool = False) -> Workload | None:
+    """Hugging Face BERT training step from a random config (no download): 4 layers, hidden 128,
+    batch 8 x 64 tokens, AdamW. None when `transformers` is not installed."""
+    try:
+        import transformers
+    except ImportError:
+        return None
+    layers, hidden, batch, tokens = (1, 32, 2, 8) if quick else (4, 128, 8, 64)
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=1000,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        intermediate_size=4 * hidden,
+        max_position_embeddings=max(tokens, 64),
+    )
+    model = transformers.BertForMaskedLM(config)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, 1000, (batch, tokens))
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+
+    details = (
+        f"Hugging Face BertForMaskedLM (random config), {layers} layers, hidden {hidden}, batch "
+        f"{batch} x {tokens} tokens, AdamW; transformers {transformers.__version__}"
+    )
+    return Workload("11", "BERT training step (Hugging Face)", details, step)
+
+
 def long_loop(quick: bool = False) -> Workload:
     """A small model's training step, timed as 1,000 steps in one block (a cell holding a long
     loop): per-event cost must not grow with the block."""
