@@ -51,6 +51,7 @@ _is_compiling = torch.compiler.is_compiling
 _Tensor = torch.Tensor
 _PyFunction = FunctionType
 _frame = sys._getframe
+_grad_enabled = torch.is_grad_enabled
 MAX_PATHS_PER_ROOT = 4
 
 
@@ -108,7 +109,17 @@ class _RecorderMode(TorchFunctionMode):
             return recorder._on_subclass(func, args, kwargs or {})
         # A builtin runs from a stand-in for the caller's frame (C++ warnings land there);
         # a Python function has its own frame for that.
-        call = _call if type(func) is _PyFunction else recorder._stand_ins.for_frame(_frame(1))
+        if type(func) is _PyFunction:
+            call = _call
+        else:
+            call = recorder._stand_ins.for_frame(_frame(1))
+            if func in _PLAIN and not _grad_enabled() and not (kwargs and "out" in kwargs):
+                # Grad off (an optimizer step, evaluation): a builtin makes no node, saves
+                # nothing and writes nothing, so there is nothing to record.
+                out = call(func, args, kwargs)
+                if recorder.trace.listener is not None:
+                    recorder._notify_listener()
+                return out
         if func in _PLAIN and not recorder._busy and not (kwargs and "out" in kwargs):
             return recorder._on_plain(func, args, kwargs, call)
         return recorder._on_call(func, args, kwargs or {}, call)
