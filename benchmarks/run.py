@@ -119,6 +119,12 @@ def jobs(plan: Plan) -> list[tuple[str, Callable[[], list[Row]]]]:
     ]
 
 
+def _table_order(row: Row) -> tuple[int, str]:
+    """Rows by number, then letter: 1, 2, ..., 7a, 7b, ..., 10, 11."""
+    digits = "".join(c for c in row.key if c.isdigit())
+    return (int(digits or 0), row.key)
+
+
 def _guarded(keys: str, thunk: Callable[[], list[Row]]) -> list[Row]:
     """Run one measurement; a failure becomes an error row so the rest still runs."""
     try:
@@ -168,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"running {keys} ...", file=sys.stderr, flush=True)
         rows += _guarded(keys, thunk)
-    rows.sort(key=lambda row: row.key)
+    rows.sort(key=_table_order)
     elapsed = time.perf_counter() - start
     print("\n".join(where))
     print(report.table_text(rows))

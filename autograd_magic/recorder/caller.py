@@ -30,26 +30,33 @@ _MAX_SITES = 65_536
 _CODES: dict[tuple[str, int], CodeType] = {}
 
 StandIn = Callable[..., Any]
+Position = tuple[int, int]  # (id of the caller's code object, its instruction offset)
+
+# Stand-ins whose globals are a module's (alive as long as the module): shared by every block,
+# so a loop of short blocks does not rebuild them. Each keyed code object is kept with its
+# stand-in, so its id cannot be reused while cached.
+_SHARED: dict[Position, tuple[FunctionType, CodeType]] = {}
 
 
 class CallerStandIns:
-    """Per block: the stand-in for each call position seen. Holds the callers' code objects
-    (so an id is not reused while cached) until `clear()` at the block's end, and only globals
-    that outlive the block anyway (a module's, or the namespace the block was given)."""
+    """Per block: the stand-in for each call position seen. Keeps only globals that outlive
+    the block anyway (a module's, shared across blocks, or the namespace the block was given
+    until `clear()` at its end)."""
 
     def __init__(self, namespace: dict[str, Any] | None = None) -> None:
-        self._by_position: dict[tuple[int, int], tuple[StandIn, CodeType]] = {}
+        self._by_position: dict[Position, tuple[FunctionType, CodeType]] = {}
         self._namespace = namespace
 
     def for_frame(self, frame: FrameType) -> StandIn:
         """The stand-in for `frame`'s current call (its file, line and globals)."""
-        code = frame.f_code
-        entry = self._by_position.get((id(code), frame.f_lasti))
-        if entry is None:
-            entry = self._make(frame)
+        position = (id(frame.f_code), frame.f_lasti)
+        entry = _SHARED.get(position) or self._by_position.get(position)
+        # The same code can run under other globals (exec of one code object twice).
+        if entry is None or entry[0].__globals__ is not frame.f_globals:
+            return self._make(frame, position)
         return entry[0]
 
-    def _make(self, frame: FrameType) -> tuple[StandIn, CodeType]:
+    def _make(self, frame: FrameType, position: Position) -> StandIn:
         code = frame.f_code
         where = (code.co_filename, frame.f_lineno or code.co_firstlineno)
         moved = _CODES.get(where)
@@ -58,18 +65,22 @@ class CallerStandIns:
                 _CODES.clear()
             moved = _CODES[where] = _TEMPLATE.replace(co_filename=where[0], co_firstlineno=where[1])
         namespace = frame.f_globals
-        entry = (FunctionType(moved, namespace, None, (None, True)), code)
-        if not (namespace is self._namespace or _is_module_namespace(namespace)):
+        stand_in = FunctionType(moved, namespace, None, (None, True))
+        if _is_module_namespace(namespace):
+            table = _SHARED
+        elif namespace is self._namespace:
+            table = self._by_position
+        else:
             # An exec() namespace the user may drop mid-block (freeing what it holds): never
             # kept, the stand-in is made again for each call from it.
-            return entry
-        if len(self._by_position) > _MAX_SITES:
-            self._by_position.clear()
-        self._by_position[(id(code), frame.f_lasti)] = entry
-        return entry
+            return stand_in
+        if len(table) > _MAX_SITES:
+            table.clear()
+        table[position] = (stand_in, code)
+        return stand_in
 
     def clear(self) -> None:
-        """Drop every stand-in (the block has ended)."""
+        """Drop the block's own stand-ins (the block has ended)."""
         self._by_position.clear()
 
 

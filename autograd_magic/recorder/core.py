@@ -105,23 +105,22 @@ class _RecorderMode(TorchFunctionMode):
         if recorder is None:
             # Put back on the stack after its block ended (see install.purge_ended_modes).
             return func(*args, **(kwargs or {}))
-        if types and not _plain_types(types):
-            return recorder._on_subclass(func, args, kwargs or {})
         # A builtin runs from a stand-in for the caller's frame (C++ warnings land there);
         # a Python function has its own frame for that.
-        if type(func) is _PyFunction:
-            call = _call
-        else:
-            call = recorder._stand_ins.for_frame(_frame(1))
-            if func in _PLAIN and not _grad_enabled() and not (kwargs and "out" in kwargs):
+        builtin = type(func) is not _PyFunction
+        call = recorder._stand_ins.for_frame(_frame(1)) if builtin else _call
+        if types and not _plain_types(types):
+            return recorder._on_subclass(func, args, kwargs or {}, call)
+        if func in _PLAIN and not (kwargs and "out" in kwargs):
+            if builtin and not _grad_enabled():
                 # Grad off (an optimizer step, evaluation): a builtin makes no node, saves
                 # nothing and writes nothing, so there is nothing to record.
                 out = call(func, args, kwargs)
                 if recorder.trace.listener is not None:
                     recorder._notify_listener()
                 return out
-        if func in _PLAIN and not recorder._busy and not (kwargs and "out" in kwargs):
-            return recorder._on_plain(func, args, kwargs, call)
+            if not recorder._busy:
+                return recorder._on_plain(func, args, kwargs, call)
         return recorder._on_call(func, args, kwargs or {}, call)
 
 
@@ -359,7 +358,7 @@ class Recorder:
             self._notify_listener()
         return out
 
-    def _on_subclass(self, func: Any, args: tuple, kwargs: dict) -> Any:
+    def _on_subclass(self, func: Any, args: tuple, kwargs: dict, call: StandIn) -> Any:
         """A call on a tensor subclass with its own `__torch_function__`: the subclass sees the
         call itself, never the recorder's bookkeeping (run with subclass dispatch off)."""
         __tracebackhide__ = True
@@ -369,11 +368,11 @@ class Recorder:
         if entry[0] is not OpKind.PLAIN or self._busy or "out" in kwargs:
             # Writes and backward interleave their bookkeeping with the call: recorded as usual
             # (the subclass may see the recorder's reads there).
-            return self._on_call(func, args, kwargs)
+            return self._on_call(func, args, kwargs, call)
         mark = len(self._unowned)
         self._in_call = True
         try:
-            out = func(*args, **kwargs)
+            out = call(func, args, kwargs)
             with torch._C.DisableTorchFunctionSubclass():
                 self._register_outputs(out, mark)
         finally:
