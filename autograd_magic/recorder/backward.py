@@ -67,8 +67,9 @@ def run_backward(host: BackwardHost, func: Any, kind: OpKind, args: tuple, kwarg
     )
     index = writer.add_backward_call(call)
     reached: list[int] = []
-    # Bookkeeping must never stop the user's backward.
-    with contextlib.suppress(Exception):
+    # Bookkeeping must never stop the user's backward, and a tensor subclass root must not
+    # see its reads (`grad_fn`) through its own `__torch_function__`.
+    with contextlib.suppress(Exception), torch._C.DisableTorchFunctionSubclass():
         reached = _reach(host, call, index, _backward_roots(arguments))
     writer.backward_running(call)
     try:
