@@ -638,6 +638,36 @@ def test_a_warning_from_torch_cpp_code_lands_on_the_callers_line(
     assert _cpp_warnings(True, action, module, as_module) == untracked
 
 
+def _line_events(tracked: bool) -> list[tuple[str, int]]:
+    """The line events a debugger (sys.settrace) sees in `training.py` while it runs."""
+    events: list[tuple[str, int]] = []
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_filename != "training.py":
+            return None
+        if event == "line":
+            events.append((frame.f_code.co_name, frame.f_lineno))
+        return tracer
+
+    code = compile(_CPP_WARNINGS, "training.py", "exec")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with am.track() if tracked else contextlib.nullcontext():
+            sys.settrace(tracer)
+            try:
+                exec(code, {"__name__": "training"})
+            finally:
+                sys.settrace(None)
+    return events
+
+
+def test_a_debugger_sees_each_line_of_the_users_code_once():
+    # A breakpoint on a line with a torch call must not hit a second time inside the recorder.
+    untracked = _line_events(False)
+    assert ("step", 6) in untracked
+    assert _line_events(True) == untracked
+
+
 def _exec_namespace_dropped(tracked: bool) -> list[str]:
     log: list[str] = []
     with am.track() if tracked else contextlib.nullcontext():

@@ -52,6 +52,7 @@ _Tensor = torch.Tensor
 _PyFunction = FunctionType
 _frame = sys._getframe
 _grad_enabled = torch.is_grad_enabled
+_gettrace = sys.gettrace
 MAX_PATHS_PER_ROOT = 4
 
 
@@ -106,9 +107,13 @@ class _RecorderMode(TorchFunctionMode):
             # Put back on the stack after its block ended (see install.purge_ended_modes).
             return func(*args, **(kwargs or {}))
         # A builtin runs from a stand-in for the caller's frame (C++ warnings land there);
-        # a Python function has its own frame for that.
+        # a Python function has its own frame for that. Not under a debugger or tracer: the
+        # stand-in's line would hit the user's breakpoints a second time.
         builtin = type(func) is not _PyFunction
-        call = recorder._stand_ins.for_frame(_frame(1)) if builtin else _call
+        if builtin and _gettrace() is None:
+            call = recorder._stand_ins.for_frame(_frame(1))
+        else:
+            call = _call
         if types and not _plain_types(types):
             return recorder._on_subclass(func, args, kwargs or {}, call)
         if func in _PLAIN and not (kwargs and "out" in kwargs):
