@@ -217,6 +217,15 @@ def test_unload_and_reload_extension(shell):
     shell.run_line_magic("load_ext", "autograd_magic")
 
 
+def test_a_bad_option_in_a_cell_with_await_is_a_usage_error_and_nothing_runs(shell):
+    cell = "%%trackgraph --bogus\nimport asyncio\nran = True\nawait asyncio.sleep(0)\n"
+    result, captured = run(shell, cell)
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "unrecognized arguments: --bogus" in captured.stderr
+    assert "usage: %%trackgraph" in captured.stderr
+    assert "ran" not in shell.user_ns
+
+
 def test_only_trackgraph_cells_with_top_level_await_are_rewritten(shell):
     plain = ["%%trackgraph -o t\n", "x = 1\n"]
     nested = ["%%trackgraph\n", "async def f():\n", "    await g()\n"]
