@@ -7,6 +7,7 @@ import contextlib
 import gc
 import subprocess
 import sys
+import traceback
 import types
 import warnings
 import weakref
@@ -666,6 +667,16 @@ def test_a_debugger_sees_each_line_of_the_users_code_once():
     untracked = _line_events(False)
     assert ("step", 6) in untracked
     assert _line_events(True) == untracked
+
+
+def test_a_traceback_through_a_stand_in_shows_the_users_line_without_stray_carets():
+    x = torch.ones(3)
+    with pytest.raises(RuntimeError) as caught, am.track():
+        x.view(2, 2)
+    entries = traceback.format_tb(caught.value.__traceback__)
+    stand_in = [e for e in entries if "in autograd_magic_call" in e]
+    assert len(stand_in) == 1
+    assert stand_in[0].splitlines()[1:] == ["    x.view(2, 2)"]  # no line of blank carets
 
 
 def _exec_namespace_dropped(tracked: bool) -> list[str]:

@@ -22,8 +22,25 @@ _SOURCE = (
     "def autograd_magic_call(func, args, kwargs=None, __tracebackhide__=True):"
     " return func(*args, **kwargs) if kwargs else func(*args)\n"
 )
-_TEMPLATE: CodeType = next(
-    c for c in compile(_SOURCE, "<autograd_magic>", "exec").co_consts if isinstance(c, CodeType)
+
+
+def _without_columns(code: CodeType) -> CodeType:
+    """`code` with every instruction on its first line and no column positions, so a traceback
+    through a stand-in shows the caller's line without carets under the wrong columns."""
+    if sys.version_info < (3, 11):  # 3.10's line table has no columns to drop
+        return code
+    table, units = bytearray(), len(code.co_code) // 2
+    while units > 0:  # 3.11+ location entries: code 13 (no columns), line delta 0
+        span = min(units, 8)
+        table += bytes((0x80 | 13 << 3 | (span - 1), 0))
+        units -= span
+    return code.replace(co_linetable=bytes(table))
+
+
+_TEMPLATE: CodeType = _without_columns(
+    next(
+        c for c in compile(_SOURCE, "<autograd_magic>", "exec").co_consts if isinstance(c, CodeType)
+    )
 )
 _MAX_SITES = 65_536
 # (file, line) -> template moved there: code objects hold no user data, shared by every block.
