@@ -293,3 +293,51 @@ def test_an_interrupt_while_module_hooks_are_installed_leaves_none_behind(monkey
 
     # (torch's own "any global hook?" check is put back once no tracker is installed)
     assert nn_module._has_any_global_hook is recorder_modules._original_has_any_global_hook
+
+
+def test_module_calls_on_other_threads_are_not_this_blocks():
+    """GIVEN another thread calling its own model while a block runs WHEN the block ends THEN
+    the block's modules are its own thread's only (the global hooks see every thread)."""
+    import threading
+
+    torch.manual_seed(0)
+    model, other = Block(), nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    x = torch.randn(4, 8, requires_grad=True)
+    results = []
+    worker = threading.Thread(target=lambda: results.append(other(x).sum().item()))
+    with am.track() as trace:
+        worker.start()
+        worker.join()
+        loss = model(x).sum()
+    assert results  # the other thread's model ran, during the block
+    assert set(trace.module_calls) == {
+        "model",
+        "model.inner",
+        "model.inner.0",
+        "model.inner.1",
+        "model.head",
+    }
+    assert {n.module for n in trace.nodes} <= {None, *trace.module_calls}
+    del loss
+
+
+def test_numpy_and_hooks_on_other_threads_are_not_this_blocks():
+    """GIVEN another thread calling torch.from_numpy and entering its own saved-tensor hooks
+    while a block runs THEN the block records neither (both are patched globally)."""
+    import threading
+
+    import numpy as np
+
+    def elsewhere() -> None:
+        torch.from_numpy(np.ones(3))
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            pass
+
+    with am.track() as trace:
+        worker = threading.Thread(target=elsewhere)
+        worker.start()
+        worker.join()
+        mine = torch.from_numpy(np.zeros(2))
+    assert [link.how for link in trace.links] == ["from_numpy"]
+    assert not trace.blindspots
+    del mine

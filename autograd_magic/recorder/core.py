@@ -589,6 +589,8 @@ class Recorder:
     # ----- from_numpy and blind spots ---------------------------------------------------
     def from_numpy_made(self, tensor: torch.Tensor, array: Any) -> None:
         """`torch.from_numpy(array)` returned `tensor` while this block was active."""
+        if threading.get_ident() != self._thread:  # the patch is global; the block is not
+            return
         self._busy += 1
         try:
             self.aliases.link(tensor, array, "from_numpy", OpKind.AS_TENSOR, skip=3)
@@ -601,6 +603,8 @@ class Recorder:
 
     def user_hooks_entered(self) -> None:
         """User saved-tensor hooks were entered: they hide saved tensors from this block."""
+        if threading.get_ident() != self._thread:  # hooks are per thread: not this block's
+            return
         site = self._sites.here(2)
         self._note_blindspot("saved-tensor-hooks", site, _HOOKS_MESSAGE)
 

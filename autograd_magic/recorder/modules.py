@@ -7,6 +7,7 @@ own name (`model`) is found in the user's namespace when the block ends (`root_p
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from autograd_magic.recorder.writer import TraceWriter
 
 _is_compiling = torch.compiler.is_compiling
+_get_ident = threading.get_ident
 # Ids of the global hooks that live trackers registered, and torch's own "is there any global
 # module hook?" check, which `torch.compile`d modules use to warn: ours must not count there,
 # or tracked code would warn where untracked code does not.
@@ -43,9 +45,12 @@ class ModuleTracker:
         self._stack: list[str] = []
         self._roots: list[tuple[weakref.ref[Any], dict[int, str]]] = []
         self._handles: list[Any] = []
+        self._thread = 0
 
     def install(self) -> None:
-        """Register the global hooks (removed by `remove`)."""
+        """Register the global hooks (removed by `remove`); they count the calls made on the
+        installing thread only (global hooks see every thread's modules)."""
+        self._thread = threading.get_ident()
         nn_module._has_any_global_hook = _has_any_global_hook_but_ours
         self._handles.append(nn_module.register_module_forward_pre_hook(self._enter))
         self._handles.append(nn_module.register_module_forward_hook(self._leave, always_call=True))
@@ -69,7 +74,7 @@ class ModuleTracker:
 
     def _enter(self, module: Any, args: Any) -> None:
         # Traced by torch.compile: our bookkeeping stays out of its graph.
-        if _is_compiling() or type(module).__name__ == _WRAPPED:
+        if _get_ident() != self._thread or _is_compiling() or type(module).__name__ == _WRAPPED:
             return
         path = self._path_of(module)
         self._stack.append(path)
@@ -79,7 +84,12 @@ class ModuleTracker:
         calls[path] = calls.get(path, 0) + 1
 
     def _leave(self, module: Any, args: Any, output: Any) -> None:
-        if _is_compiling() or type(module).__name__ == _WRAPPED or not self._stack:
+        if (
+            _get_ident() != self._thread
+            or _is_compiling()
+            or type(module).__name__ == _WRAPPED
+            or not self._stack
+        ):
             return
         self._stack.pop()
         self._writer.module = self._stack[-1] if self._stack else None
