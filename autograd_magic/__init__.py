@@ -49,8 +49,9 @@ def track(save: str | os.PathLike[str] | None = None, **options: Any) -> Recorde
 
 
 def uninstall() -> int:
-    """Remove every recorder still installed on this thread, running or left behind by an
-    interrupt that landed as a block ended; returns how many. Their traces stay unfinished."""
+    """Remove every recorder still installed on this thread: running, left behind by an
+    interrupt that landed as a block ended, or by a block that ended on another thread; returns
+    how many. Their traces stay unfinished."""
     from autograd_magic.recorder import install
     from autograd_magic.recorder.core import _RecorderMode
 
@@ -58,7 +59,7 @@ def uninstall() -> int:
     for block in blocks:
         block.abandon()
     install.purge_ended_modes(_RecorderMode)
-    return len(blocks)
+    return len(blocks) + install.purge_stranded()
 
 
 def show(*traces: Trace, names: list[str] | None = None) -> None:

@@ -7,6 +7,7 @@ import contextlib
 import gc
 import subprocess
 import sys
+import threading
 import traceback
 import types
 import warnings
@@ -112,6 +113,28 @@ def test_a_block_ending_inside_another_keeps_the_other_installed():
     with contextlib.suppress(StopIteration):
         next(inner)
         next(inner)
+    assert installed() == before
+
+
+def _tracked_steps() -> Iterator[None]:
+    with am.track():
+        yield
+        yield
+
+
+def test_a_block_that_ends_on_another_thread_leaves_nothing_behind_on_the_first():
+    before = installed()
+    steps = _tracked_steps()
+    next(steps)  # the block begins on this thread ...
+    worker = threading.Thread(target=lambda: (next(steps, None), next(steps, None)))
+    worker.start()
+    worker.join()  # ... and ends on another, which cannot reach this thread's stacks
+    x = torch.ones(3, requires_grad=True)
+    # This thread's first torch call takes the stranded hooks off: PyTorch's own behaviour
+    # without hooks (the saved input is the same object; torch.func accepts the code).
+    assert x.sin().grad_fn._saved_self is x
+    assert torch.equal(torch.func.grad(lambda t: t.sin().sum())(x), x.cos())
+    assert am.uninstall() == 1  # the stranded mode, which only passed calls on
     assert installed() == before
 
 

@@ -104,7 +104,9 @@ class _RecorderMode(TorchFunctionMode):
         __tracebackhide__ = True  # IPython leaves the recorder out of the user's traceback
         recorder = self.recorder
         if recorder is None:
-            # Put back on the stack after its block ended (see install.purge_ended_modes).
+            # Put back on the stack after its block ended (see install.purge_ended_modes), or
+            # left by a block that ended on another thread: its hooks go now.
+            install.purge_stranded(modes=False)
             return func(*args, **(kwargs or {}))
         # A builtin runs from a stand-in for the caller's frame (C++ warnings land there);
         # a Python function has its own frame for that. Not under a debugger or tracer: the
@@ -189,6 +191,7 @@ class Recorder:
 
     def _install(self) -> None:
         install.purge_ended_modes(_RecorderMode)
+        install.purge_stranded()
         self._pack_hook, self._mode = self._pack, _RecorderMode(self)
         disabled = install.hooks_disabled_message()
         if disabled is None:
@@ -210,12 +213,19 @@ class Recorder:
         """Remove this block's mode, hooks and patch routing (idempotent; any order of blocks)."""
         install.remove_patches(self)
         self.modules.remove()
+        if threading.get_ident() != self._thread:
+            # Ended on another thread than it began (a generator resumed elsewhere): the mode and
+            # hooks are on the first thread's stacks, out of reach here. Until that thread's
+            # next block or `uninstall()` removes them, they only pass calls and tensors on.
+            install.strand(self._thread, self._pack_hook, self._mode)
+        else:
+            if self._mode is not None:
+                install.remove_mode(self._mode)
+            if self._pack_hook is not None:
+                install.remove_hooks(self._pack_hook)
         if self._mode is not None:
-            install.remove_mode(self._mode)
             # Stashed by torch when interrupted, the mode may come back later: harmless then.
             self._mode.recorder = None
-        if self._pack_hook is not None:
-            install.remove_hooks(self._pack_hook)
         # The mode and hooks point back at this recorder: drop them so no cycle outlives
         # the block (users may run with gc disabled). The stand-ins hold callers' globals.
         self._mode = self._pack_hook = None
@@ -519,7 +529,9 @@ class Recorder:
         unowned[:] = [b for b in unowned if b not in owned][-1000:]
 
     # ----- saved tensors ----------------------------------------------------------------
-    def _pack(self, tensor: torch.Tensor) -> PackedSaved:
+    def _pack(self, tensor: torch.Tensor) -> PackedSaved | torch.Tensor:
+        if self._pack_hook is None:  # the block has ended; its hooks are stranded (see strand)
+            return tensor
         self._busy += 1
         try:
             buffer_id = self._next_buffer_id
@@ -575,7 +587,9 @@ class Recorder:
             )
         )
 
-    def _unpack(self, packed: PackedSaved) -> torch.Tensor:
+    def _unpack(self, packed: PackedSaved | torch.Tensor) -> torch.Tensor:
+        if not isinstance(packed, PackedSaved):
+            return packed  # packed after the block ended
         hits = self._probe_hits
         if hits is not None:
             hits.append(packed.buffer_id)

@@ -10,6 +10,7 @@ active block, and hold no recorder: a patch outliving its blocks forwards and re
 
 from __future__ import annotations
 
+import threading
 import warnings
 import weakref
 from collections.abc import Callable
@@ -203,6 +204,35 @@ def remove_hooks(pack: Callable[..., Any]) -> None:
         above.append(top)
     for pack_hook, unpack_hook in reversed(above):
         _autograd._push_saved_tensors_default_hooks(pack_hook, unpack_hook)
+
+
+# Mode and hooks a block could not remove because it ended on another thread than the one it
+# began on: thread id -> [(pack hook, mode)], removed on that thread by `purge_stranded`.
+_stranded: dict[int, list[tuple[Any, Any]]] = {}
+
+
+def strand(thread: int, pack: Callable[..., Any] | None, mode: Any) -> None:
+    """Leave `pack`'s hooks and `mode` for `thread` to remove (see `purge_stranded`)."""
+    _stranded.setdefault(thread, []).append((pack, mode))
+
+
+def purge_stranded(modes: bool = True) -> int:
+    """Remove the hooks (and with `modes`, the modes) stranded on this thread; returns how many
+    blocks left some. Without `modes` the modes stay listed (a mode's own call cannot remove
+    it: torch has it off the stack while it runs)."""
+    left = _stranded.pop(threading.get_ident(), None)
+    if not left:
+        return 0
+    for pack, _ in left:
+        if pack is not None:
+            remove_hooks(pack)
+    if modes:
+        for _, mode in left:
+            if mode is not None:
+                remove_mode(mode)
+    else:
+        _stranded[threading.get_ident()] = [(None, mode) for _, mode in left]
+    return len(left)
 
 
 def push_hooks(pack: Callable[..., Any], unpack: Callable[..., Any]) -> None:
