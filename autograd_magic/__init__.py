@@ -55,7 +55,9 @@ def uninstall() -> int:
     from autograd_magic.recorder import install
     from autograd_magic.recorder.core import _RecorderMode
 
-    blocks = [b for b in install.live_blocks() if isinstance(b, Recorder)]
+    blocks = [
+        b for b in install.live_blocks() if isinstance(b, Recorder) and b.began_on_this_thread()
+    ]
     for block in blocks:
         block.abandon()
     install.purge_ended_modes(_RecorderMode)

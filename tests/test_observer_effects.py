@@ -138,6 +138,28 @@ def test_a_block_that_ends_on_another_thread_leaves_nothing_behind_on_the_first(
     assert installed() == before
 
 
+def test_uninstall_leaves_a_block_running_on_another_thread_alone():
+    entered, release = threading.Event(), threading.Event()
+    traces: list[am.Trace] = []
+
+    def worker() -> None:
+        with am.track() as trace:
+            entered.set()
+            release.wait(10)
+            torch.ones(2, requires_grad=True).exp()
+        traces.append(trace)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    entered.wait(10)
+    try:
+        assert am.uninstall() == 0  # nothing of this thread's
+    finally:
+        release.set()
+        thread.join()
+    assert traces[0].nodes_created == 2  # the other block kept recording: exp, AccumulateGrad
+
+
 def test_a_recorder_left_by_a_dead_block_is_released():
     gen = _block([], "dropped")
     next(gen)

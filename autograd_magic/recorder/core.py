@@ -241,6 +241,10 @@ class Recorder:
             except BaseException as error:
                 pending = error
 
+    def began_on_this_thread(self) -> bool:
+        """True when this block was entered on the calling thread."""
+        return self._thread == threading.get_ident()
+
     def abandon(self) -> None:
         """Remove what this block installed without finishing its trace (`uninstall()`)."""
         self._remove_all()
