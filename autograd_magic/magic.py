@@ -86,9 +86,7 @@ async def run_cell_async(line: str, cell: str) -> Any:
     """`%%trackgraph` for a cell with top-level `await`, run on the event loop that runs the
     cell: `await_cells` rewrites such a cell into `await run_cell_async(line, cell)`."""
     __tracebackhide__ = True
-    from IPython import get_ipython
-
-    shell: Any = get_ipython()
+    shell: Any = _shell()
     args, body, last = _prepare(shell, line, cell)
     trace, panel, handle = _start(shell, args)
     value, error = None, None

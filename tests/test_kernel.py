@@ -36,6 +36,10 @@ def _run(cells: list[str], tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> li
     return nb.cells
 
 
+def _without_colours(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
 def _text(cell: Any) -> str:
     parts = []
     for out in cell.outputs:
@@ -69,10 +73,10 @@ def test_a_cell_with_top_level_await_runs_under_the_kernels_running_loop(tmp_pat
     # The cell's exception reaches the notebook once, unchanged, from the user's line.
     errors = [o for o in cells[3].outputs if o.output_type == "error"]
     assert [(e.ename, e.evalue) for e in errors] == [("ZeroDivisionError", "division by zero")]
-    traceback = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(errors[0].traceback))
+    traceback = _without_colours("\n".join(errors[0].traceback))
     assert "Cell In[4], line 3\n      1 await asyncio.sleep(0)" in traceback  # its own number
     assert "----> 3 1 / 0" in traceback
     assert "_run_async" not in traceback and "_end" not in traceback
     assert after.split(" ", 1)[1].strip() == "ZeroDivisionError: division by zero"
     # A cell without `await` is numbered right too (IPython counts a cell before running it).
-    assert "Cell In[6], line 2" in re.sub(r"\x1b\[[0-9;]*m", "", failing_sync)
+    assert "Cell In[6], line 2" in _without_colours(failing_sync)

@@ -106,7 +106,7 @@ class _RecorderMode(TorchFunctionMode):
         if recorder is None:
             # Put back on the stack after its block ended (see install.purge_ended_modes), or
             # left by a block that ended on another thread: its hooks go now.
-            install.purge_stranded(modes=False)
+            install.remove_stranded_hooks()
             return func(*args, **(kwargs or {}))
         # A builtin runs from a stand-in for the caller's frame (C++ warnings land there);
         # a Python function has its own frame for that. Not under a debugger or tracer: the
@@ -215,9 +215,9 @@ class Recorder:
         self.modules.remove()
         if threading.get_ident() != self._thread:
             # Ended on another thread than it began (a generator resumed elsewhere): the mode and
-            # hooks are on the first thread's stacks, out of reach here. Until that thread's
-            # next block or `uninstall()` removes them, they only pass calls and tensors on.
-            install.strand(self._thread, self._pack_hook, self._mode)
+            # hooks are on the first thread's stacks, out of reach here. They only pass calls
+            # and tensors on until that thread removes them (install.strand).
+            install.strand(self._thread, self._pack_hook)
         else:
             if self._mode is not None:
                 install.remove_mode(self._mode)
@@ -325,7 +325,7 @@ class Recorder:
         self.writer.close(None if self._analyze is None else self._analyze(self.trace))
 
     # ----- per-call path ----------------------------------------------------------------
-    def _on_call(self, func: Any, args: tuple, kwargs: dict, call: StandIn = _call) -> Any:
+    def _on_call(self, func: Any, args: tuple, kwargs: dict, call: StandIn) -> Any:
         __tracebackhide__ = True
         entry = self._kinds.get(func)
         if entry is None:

@@ -206,33 +206,31 @@ def remove_hooks(pack: Callable[..., Any]) -> None:
         _autograd._push_saved_tensors_default_hooks(pack_hook, unpack_hook)
 
 
-# Mode and hooks a block could not remove because it ended on another thread than the one it
-# began on: thread id -> [(pack hook, mode)], removed on that thread by `purge_stranded`.
-_stranded: dict[int, list[tuple[Any, Any]]] = {}
+# Pack hooks of blocks that ended on another thread than the one they began on, by that first
+# thread, which alone can take them off its stack. (Their modes have ended: `purge_ended_modes`
+# removes those.)
+_stranded: dict[int, list[Callable[..., Any] | None]] = {}
 
 
-def strand(thread: int, pack: Callable[..., Any] | None, mode: Any) -> None:
-    """Leave `pack`'s hooks and `mode` for `thread` to remove (see `purge_stranded`)."""
-    _stranded.setdefault(thread, []).append((pack, mode))
+def strand(thread: int, pack: Callable[..., Any] | None) -> None:
+    """Leave `pack`'s hooks for `thread` to remove (see `remove_stranded_hooks`)."""
+    _stranded.setdefault(thread, []).append(pack)
 
 
-def purge_stranded(modes: bool = True) -> int:
-    """Remove the hooks (and with `modes`, the modes) stranded on this thread; returns how many
-    blocks left some. Without `modes` the modes stay listed (a mode's own call cannot remove
-    it: torch has it off the stack while it runs)."""
-    left = _stranded.pop(threading.get_ident(), None)
-    if not left:
-        return 0
-    for pack, _ in left:
+def remove_stranded_hooks() -> None:
+    """Take the hooks stranded on this thread off its stack; their blocks stay listed for
+    `purge_stranded` to count."""
+    packs = _stranded.get(threading.get_ident(), [])
+    for index, pack in enumerate(packs):
         if pack is not None:
             remove_hooks(pack)
-    if modes:
-        for _, mode in left:
-            if mode is not None:
-                remove_mode(mode)
-    else:
-        _stranded[threading.get_ident()] = [(None, mode) for _, mode in left]
-    return len(left)
+            packs[index] = None
+
+
+def purge_stranded() -> int:
+    """Remove the hooks stranded on this thread; returns how many blocks left some."""
+    remove_stranded_hooks()
+    return len(_stranded.pop(threading.get_ident(), ()))
 
 
 def push_hooks(pack: Callable[..., Any], unpack: Callable[..., Any]) -> None:
