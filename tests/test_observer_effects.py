@@ -339,6 +339,29 @@ def test_code_that_runs_untracked_runs_the_same_tracked(case, gc_disabled):
     assert kinds == BLIND.get(case, [])
 
 
+def test_an_embedding_with_a_padding_index_is_built_inside_a_block():
+    # Its constructor writes in place to a view made under no_grad; reading that view's grad_fn
+    # raises, so the recorder must not (Hugging Face models build such embeddings).
+    torch.manual_seed(0)
+    untracked = torch.nn.Embedding(10, 4, padding_idx=0).weight.detach()
+    torch.manual_seed(0)
+    with am.track():
+        tracked = torch.nn.Embedding(10, 4, padding_idx=0).weight.detach()
+    assert torch.equal(tracked, untracked) and tracked[0].abs().sum() == 0
+
+
+def test_a_view_written_under_no_grad_left_in_the_namespace_does_not_stop_the_naming():
+    w = torch.zeros(3, requires_grad=True)
+    with am.track() as trace:
+        with torch.no_grad():
+            row = w[:2]
+            row.fill_(1.0)  # now reading row.grad_fn raises
+        kept = (w * 2).sum()  # a live graph: the name walk reads every tensor's grad_fn
+    assert not [b for b in trace.blindspots if b.kind == "internal"], trace.blindspots
+    assert [h.path for h in trace.holders] == ["kept"]
+    del row, kept
+
+
 def test_swap_tensors_works_after_a_block_with_gc_disabled(gc_disabled):
     x, y = torch.ones(3), torch.zeros(3)
     with am.track():

@@ -300,7 +300,7 @@ class Recorder:
         holders: list[Holder] = []
 
         def note_holder(obj: Any, path: str) -> None:
-            grad_fn: Any = obj.grad_fn if issubclass(type(obj), torch.Tensor) else None
+            grad_fn = _grad_fn_of(obj) if issubclass(type(obj), torch.Tensor) else None
             if grad_fn is not None:
                 tag = grad_fn.metadata.get(key)
                 # A few paths per root: `loss` and `losses[2]` may name the same tensor.
@@ -363,7 +363,7 @@ class Recorder:
         try:
             out = call(func, args, kwargs)
             if type(out) is _Tensor or isinstance(out, _Tensor):
-                grad_fn: Any = out.grad_fn
+                grad_fn = _grad_fn_of(out)
                 if grad_fn is not None:
                     metadata = grad_fn.metadata
                     if self._key not in metadata and not self._born_alone(grad_fn, metadata, mark):
@@ -430,7 +430,7 @@ class Recorder:
     def _register_outputs(self, out: Any, mark: int) -> None:
         key = self._key
         if isinstance(out, torch.Tensor):
-            grad_fn: Any = out.grad_fn
+            grad_fn = _grad_fn_of(out)
             if grad_fn is not None:
                 metadata = grad_fn.metadata
                 if key not in metadata and not self._born_alone(grad_fn, metadata, mark):
@@ -440,7 +440,7 @@ class Recorder:
             roots = []
             for item in out:
                 if isinstance(item, torch.Tensor):
-                    grad_fn = item.grad_fn  # Any, as above: `metadata` is a dict, not a method
+                    grad_fn = _grad_fn_of(item)
                     if grad_fn is not None and key not in grad_fn.metadata:
                         roots.append(grad_fn)
             if roots:
@@ -666,6 +666,16 @@ _HOOKS_MESSAGE = (
     "Your own saved-tensor hooks (torch.utils.checkpoint, save_on_cpu, ...) were active at line "
     "{line}: tensors saved under them are handled by your hooks and not counted here."
 )
+
+
+def _grad_fn_of(tensor: torch.Tensor) -> Any:
+    """`tensor.grad_fn`, or None where PyTorch refuses to read it: a view made under no_grad and
+    then written in place (`Embedding(padding_idx=...)` does that to its weight). Reading it
+    raises, and the user's own code never reads it. (Any: `metadata` is a dict, not a method.)"""
+    try:
+        return tensor.grad_fn
+    except RuntimeError:
+        return None
 
 
 def _plain_types(types: tuple) -> bool:
