@@ -49,3 +49,6 @@ def test_a_bert_built_and_trained_inside_a_block_runs_as_untracked():
     assert trace.blindspots == [] and trace.findings == []  # a correct loop: nothing to report
     assert len(trace.backward_calls) == 3
     assert "model.bert.encoder.layer.0.attention.self" in {m.path for m in trace.modules()}
+    # The loss module BERT makes inside each forward has no name: one row by its class.
+    assert trace.module_calls["CrossEntropyLoss"] == 3
+    assert not [path for path in trace.module_calls if path.startswith("<")]

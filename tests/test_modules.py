@@ -341,3 +341,15 @@ def test_numpy_and_hooks_on_other_threads_are_not_this_blocks():
     assert [link.how for link in trace.links] == ["from_numpy"]
     assert not trace.blindspots
     del mine
+
+
+def test_an_unnamed_module_made_in_every_step_is_one_row_by_its_class():
+    """GIVEN a loss module created inside each step (as Hugging Face models do) WHEN three steps
+    run tracked THEN its calls are one row named by its class, not a placeholder per step."""
+    model = nn.Linear(4, 1)
+    x, y = torch.randn(3, 4), torch.randn(3, 1)
+    with am.track() as trace:
+        for _ in range(3):
+            nn.MSELoss()(model(x), y).backward()
+    assert trace.module_calls == {"model": 3, "MSELoss": 3}
+    assert {m.path for m in trace.modules()} == {"model", "MSELoss"}

@@ -317,8 +317,9 @@ class Recorder:
             namespace, self._name_budget_s, also=note_holder if live else None, extra=extra
         )
         root_names = {
-            placeholder: names.get(-1 - i) or self.writer.module_types.get(placeholder, "module")
+            placeholder: name
             for i, placeholder in enumerate(roots)
+            if (name := names.get(-1 - i)) is not None
         }
         self.writer.end_modules(root_names)
         self.writer.end_holders(holders)

@@ -290,14 +290,18 @@ class TraceWriter:
 
     def end_modules(self, root_names: dict[str, str]) -> None:
         """Replace each root placeholder (`<0>`) in module paths by the user's name for that
-        module (`model`), and store every module's calls and class."""
+        module (`model`), or by its class when it has none (a loss module made inside a
+        forward: each step's instance then shares one path), and store every module's calls
+        and class."""
         final: dict[str, str] = {}
+        types = self.module_types
 
         def rename(path: str) -> str:
             named = final.get(path)
             if named is None:
                 root, dot, rest = path.partition(".")
-                named = final[path] = root_names.get(root, root) + dot + rest
+                root_name = root_names.get(root) or types.get(root, "module")
+                named = final[path] = root_name + dot + rest
             return named
 
         trace = self.trace
@@ -305,8 +309,12 @@ class TraceWriter:
             for record in records:
                 if record.module is not None:
                     record.module = rename(record.module)
-        trace.module_calls = {rename(p): n for p, n in self.module_calls.items()}
-        trace.module_types = {rename(p): t for p, t in self.module_types.items()}
+        calls: dict[str, int] = {}
+        for path, count in self.module_calls.items():
+            renamed = rename(path)
+            calls[renamed] = calls.get(renamed, 0) + count
+        trace.module_calls = calls
+        trace.module_types = {rename(p): t for p, t in types.items()}
 
     def block_error(self, message: str, site: Site | None) -> None:
         """The exception that ended the block."""
