@@ -17,6 +17,7 @@ def installed() -> tuple:
         len(_get_current_function_mode_stack()),
         torch._C._autograd._top_saved_tensors_default_hooks(False),
         torch.from_numpy,
+        torch.overrides.has_torch_function,
         torch.autograd.graph.saved_tensors_hooks.__enter__,
         torch._C._autograd._saved_tensors_hooks_disable,
         torch._C._autograd._saved_tensors_hooks_enable,

@@ -18,7 +18,6 @@ from types import CodeType, FunctionType, TracebackType
 from typing import Any, Literal
 
 import torch
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
 from autograd_magic.model.records import (
@@ -53,6 +52,7 @@ _PyFunction = FunctionType
 _frame = sys._getframe
 _grad_enabled = torch.is_grad_enabled
 _gettrace = sys.gettrace
+_NoSubclassDispatch = torch._C.DisableTorchFunctionSubclass
 MAX_PATHS_PER_ROOT = 4
 
 
@@ -91,7 +91,7 @@ class _NodeTag(tuple):
                 pass
 
 
-class _RecorderMode(TorchFunctionMode):
+class _RecorderMode(install.BlockMode):
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()
         self.recorder: Recorder | None = recorder
@@ -347,8 +347,11 @@ class Recorder:
                 out = run_backward(self, func, kind, args, kwargs)
             else:
                 out = call(func, args, kwargs)
-                self.aliases.link(out, args[0] if args else kwargs.get("data"), name, kind)
-            self._register_outputs(out, mark)
+                # A subclass (an UninitializedParameter too) sees its calls, not our reads.
+                with _NoSubclassDispatch():
+                    self.aliases.link(out, args[0] if args else kwargs.get("data"), name, kind)
+            with _NoSubclassDispatch():
+                self._register_outputs(out, mark)
         finally:
             self._in_call = False
             self._call_site = None

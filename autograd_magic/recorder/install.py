@@ -18,7 +18,13 @@ from typing import Any, Protocol
 
 import torch
 import torch.fx.traceback
-from torch.overrides import _get_current_function_mode_stack, _pop_mode, _push_mode
+from torch.overrides import (
+    TorchFunctionMode,
+    _get_current_function_mode_stack,
+    _pop_mode,
+    _push_mode,
+)
+from torch.utils._device import DeviceContext
 
 from autograd_magic.model.records import BlindspotKind
 from autograd_magic.recorder import warnings_site
@@ -94,6 +100,27 @@ def _swap_tensors(t1: Any, t2: Any) -> Any:
     return _originals["swap_tensors"](t1, t2)
 
 
+class BlockMode(TorchFunctionMode):
+    """Base of the recorder's function mode: the modes this module recognizes as a block's."""
+
+
+def _has_torch_function(relevant_args: Any) -> bool:
+    # Library code asks this to choose an algorithm (the fast paths of nn.MultiheadAttention and
+    # nn.TransformerEncoderLayer under eval + no_grad): it gets the answer it gets untracked.
+    # (Dispatch sites bind the builtin at import and still route calls through the mode.)
+    if not _ORIGINAL_HAS_TORCH_FUNCTION(relevant_args) or torch.compiler.is_compiling():
+        return _ORIGINAL_HAS_TORCH_FUNCTION(relevant_args)
+    stack = _get_current_function_mode_stack()
+    if not stack or not all(isinstance(mode, BlockMode) for mode in stack):
+        return True  # another mode is there: the answer is True with or without ours
+    modes = [_pop_mode() for _ in stack]
+    try:
+        return _ORIGINAL_HAS_TORCH_FUNCTION(relevant_args)
+    finally:
+        for mode in reversed(modes):
+            _push_mode(mode)
+
+
 def _jit_tracer(name: str) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
         # The tracer records every Python frame on the stack (ours would be baked into the
@@ -112,6 +139,7 @@ def _jit_tracer(name: str) -> Callable[..., Any]:
 
 _suspended: list[weakref.ref[Patched]] = []
 _ORIGINAL_FROM_NUMPY = torch.from_numpy
+_ORIGINAL_HAS_TORCH_FUNCTION = torch.overrides.has_torch_function
 _ORIGINAL_HOOKS_ENTER = _HOOKS_CLASS.__enter__
 _ORIGINAL_HOOKS_DISABLE = _autograd._saved_tensors_hooks_disable
 _ORIGINAL_HOOKS_ENABLE = _autograd._saved_tensors_hooks_enable
@@ -142,6 +170,7 @@ _PATCHES: list[tuple[Any, str, Any, str]] = [
     (warnings, "warn", warnings_site.warn, "warn"),
     (torch.utils, "swap_tensors", _swap_tensors, "swap_tensors"),
     (torch.fx.traceback, "format_stack", warnings_site.format_stack, "format_stack"),
+    (torch.overrides, "has_torch_function", _has_torch_function, "has_torch_function"),
 ]
 _DEFAULTS = {
     "from_numpy": _ORIGINAL_FROM_NUMPY,
@@ -152,6 +181,7 @@ _DEFAULTS = {
     "warn": warnings_site.ORIGINAL_WARN,
     "swap_tensors": torch.utils.swap_tensors,
     "format_stack": warnings_site.ORIGINAL_FORMAT_STACK,
+    "has_torch_function": _ORIGINAL_HAS_TORCH_FUNCTION,
 }
 
 
@@ -255,12 +285,16 @@ def push_mode_innermost(mode: Any) -> None:
 
     Torch calls reach the innermost mode last, with every mode above it set aside: the
     recorder's own bookkeeping there is invisible to the user's modes, which see exactly the
-    calls they see untracked.
+    calls they see untracked. A `DeviceContext` (`torch.set_default_device`) stays at the bottom,
+    where PyTorch requires it to be.
     """
     above = []
     while _get_current_function_mode_stack():
         above.append(_pop_mode())
+    bottom = above.pop() if above and isinstance(above[-1], DeviceContext) else None
     try:
+        if bottom is not None:
+            _push_mode(bottom)
         _push_mode(mode)
     finally:
         for other in reversed(above):

@@ -141,7 +141,8 @@ def storage_of(tensor: torch.Tensor) -> tuple[int, int]:
         if storage.device.type == "meta":  # FakeTensor: no data (and reading it warns)
             return 0, storage.nbytes()
         return storage.data_ptr(), storage.nbytes()
-    except (RuntimeError, NotImplementedError, TypeError):
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):
+        # ValueError: an UninitializedParameter (lazy modules) refuses every read.
         return 0, tensor.numel() * tensor.element_size()
 
 
