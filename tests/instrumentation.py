@@ -3,6 +3,7 @@ before and after)."""
 
 from __future__ import annotations
 
+import bdb
 import warnings
 
 import torch
@@ -18,6 +19,7 @@ def installed() -> tuple:
         torch._C._autograd._top_saved_tensors_default_hooks(False),
         torch.from_numpy,
         torch.overrides.has_torch_function,
+        bdb.Bdb.stop_here,
         torch.autograd.graph.saved_tensors_hooks.__enter__,
         torch._C._autograd._saved_tensors_hooks_disable,
         torch._C._autograd._saved_tensors_hooks_enable,

@@ -13,6 +13,7 @@ import torch
 
 from autograd_magic.model.records import BackwardCall, Site
 from autograd_magic.model.units import describe_error
+from autograd_magic.recorder import install
 from autograd_magic.recorder.ops import OpKind
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ def run_backward(host: BackwardHost, func: Any, kind: OpKind, args: tuple, kwarg
         reached = _reach(host, call, index, _backward_roots(arguments))
     writer.backward_running(call)
     try:
-        return func(*args, **kwargs)
+        return _call_user(func, args, kwargs)
     except BaseException as exc:
         call.error = describe_error(exc)
         call.error_type = type(exc).__name__
@@ -119,3 +120,12 @@ def _backward_roots(arguments: dict[str, Any]) -> list[torch.Tensor]:
     if isinstance(roots, (list, tuple)):
         return [t for t in roots if isinstance(t, torch.Tensor)]
     return []
+
+
+def _call_user(func: Any, args: tuple, kwargs: dict) -> Any:
+    __tracebackhide__ = True
+    return func(*args, **kwargs)
+
+
+# Backward runs the user's hooks and custom backward methods: a debugger steps into them.
+install.PASS_THROUGH.add(_call_user.__code__)

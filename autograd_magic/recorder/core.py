@@ -62,6 +62,7 @@ def _call(func: Any, args: tuple, kwargs: dict | None = None) -> Any:
     return func(*args, **kwargs) if kwargs else func(*args)
 
 
+install.PASS_THROUGH.add(_call.__code__)
 _next_trace_number = 0
 
 

@@ -10,10 +10,12 @@ active block, and hold no recorder: a patch outliving its blocks forwards and re
 
 from __future__ import annotations
 
+import bdb
 import threading
 import warnings
 import weakref
 from collections.abc import Callable
+from types import CodeType, FrameType
 from typing import Any, Protocol
 
 import torch
@@ -121,6 +123,31 @@ def _has_torch_function(relevant_args: Any) -> bool:
             _push_mode(mode)
 
 
+def _stop_here(debugger: bdb.Bdb, frame: FrameType) -> bool:
+    # pdb and IPython's debugger step over the recorder (its hooks run inside torch calls and
+    # module calls) as they step over a builtin untracked, and over torch's dispatch to it. What
+    # the user's call runs (a Python torch function, a backward hook) is still stepped into: the
+    # first recorder frame above it is one that only passes the call on.
+    caller: FrameType | None = frame
+    while caller is not None:
+        code = caller.f_code
+        if code is _DISPATCH_TO_MODES:
+            if all(isinstance(mode, BlockMode) for mode in _get_current_function_mode_stack()):
+                return False
+            break
+        name = caller.f_globals.get("__name__")
+        if isinstance(name, str) and name.startswith(_PACKAGE):
+            if caller is frame or code not in PASS_THROUGH:
+                return False
+            break
+        caller = caller.f_back
+    return _ORIGINAL_STOP_HERE(debugger, frame)
+
+
+# Code of the recorder's frames that call the user's function and nothing else around it.
+PASS_THROUGH: set[CodeType] = set()
+
+
 def _jit_tracer(name: str) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
         # The tracer records every Python frame on the stack (ours would be baked into the
@@ -139,6 +166,9 @@ def _jit_tracer(name: str) -> Callable[..., Any]:
 
 _suspended: list[weakref.ref[Patched]] = []
 _ORIGINAL_FROM_NUMPY = torch.from_numpy
+_ORIGINAL_STOP_HERE = bdb.Bdb.stop_here
+_PACKAGE = __name__.partition(".")[0] + "."
+_DISPATCH_TO_MODES = torch.overrides.handle_torch_function.__code__
 _ORIGINAL_HAS_TORCH_FUNCTION = torch.overrides.has_torch_function
 _ORIGINAL_HOOKS_ENTER = _HOOKS_CLASS.__enter__
 _ORIGINAL_HOOKS_DISABLE = _autograd._saved_tensors_hooks_disable
@@ -171,6 +201,7 @@ _PATCHES: list[tuple[Any, str, Any, str]] = [
     (torch.utils, "swap_tensors", _swap_tensors, "swap_tensors"),
     (torch.fx.traceback, "format_stack", warnings_site.format_stack, "format_stack"),
     (torch.overrides, "has_torch_function", _has_torch_function, "has_torch_function"),
+    (bdb.Bdb, "stop_here", _stop_here, "stop_here"),
 ]
 _DEFAULTS = {
     "from_numpy": _ORIGINAL_FROM_NUMPY,
@@ -182,6 +213,7 @@ _DEFAULTS = {
     "swap_tensors": torch.utils.swap_tensors,
     "format_stack": warnings_site.ORIGINAL_FORMAT_STACK,
     "has_torch_function": _ORIGINAL_HAS_TORCH_FUNCTION,
+    "stop_here": _ORIGINAL_STOP_HERE,
 }
 
 
