@@ -53,6 +53,7 @@ _PyFunction = FunctionType
 _frame = sys._getframe
 _grad_enabled = torch.is_grad_enabled
 _gettrace = sys.gettrace
+_getprofile = sys.getprofile
 MAX_PATHS_PER_ROOT = 4
 
 
@@ -109,10 +110,11 @@ class _RecorderMode(TorchFunctionMode):
             install.remove_stranded_hooks()
             return func(*args, **(kwargs or {}))
         # A builtin runs from a stand-in for the caller's frame (C++ warnings land there);
-        # a Python function has its own frame for that. Not under a debugger or tracer: the
-        # stand-in's line would hit the user's breakpoints a second time.
+        # a Python function has its own frame for that. Not under a debugger or tracer (the
+        # stand-in's line would hit the user's breakpoints a second time), nor a profiler (it
+        # would list the stand-in as a function of the user's file).
         builtin = type(func) is not _PyFunction
-        if builtin and _gettrace() is None:
+        if builtin and _gettrace() is None and _getprofile() is None:
             call = recorder._stand_ins.for_frame(_frame(1))
         else:
             call = _call
