@@ -17,6 +17,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy
 import pytest
 import torch
 from instrumentation import installed
@@ -370,6 +371,53 @@ def test_swap_tensors_works_after_a_block_with_gc_disabled(gc_disabled):
         _ = x * 2
     torch.utils.swap_tensors(x, y)
     assert x.sum() == 0
+
+
+def _swaps_after_a_block(tracked: bool) -> dict[str, str]:
+    """Which tensors a block made, linked, wrote or ran through a module can be swapped once
+    it has ended: name -> 'swapped' or the error."""
+    model = torch.nn.Linear(3, 2)
+    outside = torch.ones(3)
+    with am.track() if tracked else contextlib.nullcontext():
+        made = torch.ones(3)
+        array = numpy.ones(3, dtype=numpy.float32)
+        from_numpy = torch.from_numpy(array)
+        detached = made.detach()
+        viewed = torch.ones(3).view(3)  # a view's base cannot be swapped, tracked or not
+        written = torch.ones(3)
+        written.add_(1)
+        model(torch.ones(1, 3)).sum().backward()
+        outside_detached = outside.detach()
+        weight_data = model.weight.data
+    tensors = {
+        "made": made,
+        "from_numpy": from_numpy,
+        "detached": detached,
+        "viewed": viewed,
+        "written": written,
+        "outside": outside,
+        "outside_detached": outside_detached,
+        "weight": model.weight,
+        "weight_data": weight_data,
+    }
+    outcomes = {}
+    for name, tensor in tensors.items():
+        try:
+            other = tensor.detach().clone().requires_grad_(tensor.requires_grad)
+            torch.utils.swap_tensors(tensor, other)
+            outcomes[name] = "swapped"
+        except RuntimeError as error:
+            outcomes[name] = str(error)
+    return outcomes
+
+
+def test_every_tensor_a_block_saw_can_be_swapped_after_it(gc_disabled):
+    """GIVEN tensors a block made, linked (from_numpy, detach, view, .data), wrote in place, or
+    ran through a module WHEN the block has ended THEN torch.utils.swap_tensors treats each as
+    untracked (it refuses any tensor that still has a weak reference)."""
+    untracked = _swaps_after_a_block(False)
+    assert set(untracked.values()) == {"swapped"}
+    assert _swaps_after_a_block(True) == untracked
 
 
 def test_a_block_leaves_no_cyclic_garbage(gc_disabled):

@@ -250,6 +250,7 @@ class Recorder:
     def abandon(self) -> None:
         """Remove what this block installed without finishing its trace (`uninstall()`)."""
         self._remove_all()
+        self.aliases.release()
         self.writer.closed = True
 
     def __exit__(
@@ -288,6 +289,7 @@ class Recorder:
             )
         finally:
             self._namespace = None
+            self.aliases.release()
             self.writer.close()
         if self._on_exit is not None:
             self._on_exit(self.trace)
