@@ -14,6 +14,7 @@ import sys
 from types import CodeType, FrameType, TracebackType
 from typing import Any
 
+from IPython.core.displayhook import DisplayHook
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
@@ -193,14 +194,16 @@ def _parse(magic: Any, line: str) -> Any:
 
 def _compile_cell(shell: Any, cell: str) -> tuple[CodeType, CodeType | None]:
     """The cell body compiled by IPython's compiler (tracebacks show its lines), and its last
-    expression compiled separately so its value can be displayed like a normal cell's."""
+    expression compiled separately so its value can be displayed like a normal cell's (none
+    when the cell ends with `;`, IPython's rule, the expression then runs in the body)."""
     source = shell.transform_cell(cell)
     filename = shell.compile.cache(source, _running_cell_number(shell), raw_code=cell)
     tree = shell.transform_ast(shell.compile.ast_parse(source, filename=filename))
     last = None
     # Top-level `await` compiles as in a plain IPython cell (the code is then a coroutine).
     flags = shell.compile.flags | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
+    quiet = DisplayHook.semicolon_at_end_of_expression(source)
+    if tree.body and isinstance(tree.body[-1], ast.Expr) and not quiet:
         last = compile(ast.Expression(tree.body.pop().value), filename, "eval", flags, True)
     return compile(tree, filename, "exec", flags, True), last
 

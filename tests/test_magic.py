@@ -156,6 +156,31 @@ def test_last_expression_is_the_cell_value(shell):
     assert result.result is None
 
 
+@pytest.mark.parametrize(
+    ("cell", "hidden"),
+    [
+        ("x = 7\nx;", True),
+        ("x = 7\nx;  # hidden", True),
+        ("x = 7\nx;\n# a comment\n\n", True),
+        ("x = 7\nx ;  ", True),
+        ("x = 7\nx  # shown;", False),
+        ("x = 7\nx", False),
+        ("x = [7]; x", False),
+        ("x = []\nx.append(7) or x;", True),
+    ],
+)
+def test_a_semicolon_hides_the_value_as_in_a_plain_cell(shell, cell, hidden):
+    """GIVEN a cell whose last line may end with `;` WHEN run plain and under %%trackgraph THEN
+    the value is shown or hidden alike (IPython's rule), and the last line runs either way."""
+    with capture_output():  # stored in the history, as a kernel runs cells (IPython reads it)
+        plain = shell.run_cell(cell, store_history=True)
+        shell.user_ns.pop("x")
+        tracked = shell.run_cell("%%trackgraph --text\n" + cell, store_history=True)
+    assert tracked.success and shell.user_ns["x"] in (7, [7])  # a hidden last line still ran
+    assert tracked.result == plain.result
+    assert (plain.result is None) is hidden
+
+
 FAILING = """\
 a = torch.rand(1, 4, requires_grad=True)
 e = (a * 2).exp().sum()

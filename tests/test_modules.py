@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
+import weakref
 
 import torch
 import torch.nn as nn
@@ -353,3 +354,30 @@ def test_an_unnamed_module_made_in_every_step_is_one_row_by_its_class():
             nn.MSELoss()(model(x), y).backward()
     assert trace.module_calls == {"model": 3, "MSELoss": 3}
     assert {m.path for m in trace.modules()} == {"model", "MSELoss"}
+
+
+def test_modules_made_in_every_step_are_not_kept_and_not_scanned(gc_disabled):
+    """GIVEN a loss module created inside each of 500 steps (as Hugging Face models do) WHEN the
+    steps run tracked THEN each loss dies when its step drops it, and the module tracker holds a
+    bounded number of roots, not one per step (each call's lookup scanned them all: a step
+    slowed down as the loop went on)."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 3))
+    x, y = torch.randn(2, 4), torch.tensor([0, 2])
+    recorder = am.track()
+    held = []
+    with recorder as trace:
+        for _ in range(500):
+            loss_fn = nn.CrossEntropyLoss()
+            loss_fn(model(x), y).backward()
+            dead = weakref.ref(loss_fn)
+            del loss_fn
+            assert dead() is None  # never kept alive by the tracker
+            held.append(len(recorder.modules._roots))
+    assert max(held[250:]) <= max(held[:250]), held[-1]  # no more late in the loop than early
+    assert trace.module_calls == {
+        "model": 500,
+        "model.0": 500,
+        "model.1": 500,
+        "model.2": 500,
+        "CrossEntropyLoss": 500,
+    }

@@ -4,7 +4,9 @@ torch.func, user modes and subclasses, exceptions). Each test compares against u
 from __future__ import annotations
 
 import contextlib
+import cProfile
 import gc
+import pstats
 import subprocess
 import sys
 import threading
@@ -15,6 +17,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy
 import pytest
 import torch
 from instrumentation import installed
@@ -368,6 +371,53 @@ def test_swap_tensors_works_after_a_block_with_gc_disabled(gc_disabled):
         _ = x * 2
     torch.utils.swap_tensors(x, y)
     assert x.sum() == 0
+
+
+def _swaps_after_a_block(tracked: bool) -> dict[str, str]:
+    """Which tensors a block made, linked, wrote or ran through a module can be swapped once
+    it has ended: name -> 'swapped' or the error."""
+    model = torch.nn.Linear(3, 2)
+    outside = torch.ones(3)
+    with am.track() if tracked else contextlib.nullcontext():
+        made = torch.ones(3)
+        array = numpy.ones(3, dtype=numpy.float32)
+        from_numpy = torch.from_numpy(array)
+        detached = made.detach()
+        viewed = torch.ones(3).view(3)  # a view's base cannot be swapped, tracked or not
+        written = torch.ones(3)
+        written.add_(1)
+        model(torch.ones(1, 3)).sum().backward()
+        outside_detached = outside.detach()
+        weight_data = model.weight.data
+    tensors = {
+        "made": made,
+        "from_numpy": from_numpy,
+        "detached": detached,
+        "viewed": viewed,
+        "written": written,
+        "outside": outside,
+        "outside_detached": outside_detached,
+        "weight": model.weight,
+        "weight_data": weight_data,
+    }
+    outcomes = {}
+    for name, tensor in tensors.items():
+        try:
+            other = tensor.detach().clone().requires_grad_(tensor.requires_grad)
+            torch.utils.swap_tensors(tensor, other)
+            outcomes[name] = "swapped"
+        except RuntimeError as error:
+            outcomes[name] = str(error)
+    return outcomes
+
+
+def test_every_tensor_a_block_saw_can_be_swapped_after_it(gc_disabled):
+    """GIVEN tensors a block made, linked (from_numpy, detach, view, .data), wrote in place, or
+    ran through a module WHEN the block has ended THEN torch.utils.swap_tensors treats each as
+    untracked (it refuses any tensor that still has a weak reference)."""
+    untracked = _swaps_after_a_block(False)
+    assert set(untracked.values()) == {"swapped"}
+    assert _swaps_after_a_block(True) == untracked
 
 
 def test_a_block_leaves_no_cyclic_garbage(gc_disabled):
@@ -735,6 +785,75 @@ def test_a_debugger_sees_each_line_of_the_users_code_once():
     untracked = _line_events(False)
     assert ("step", 6) in untracked
     assert _line_events(True) == untracked
+
+
+_PROFILED = """
+import torch
+def step():
+    x = torch.ones(3, requires_grad=True)
+    y = (x * 2).exp().sum()
+    y.backward()
+    return torch.tensor(y.detach())
+for _ in range(3):
+    step()
+"""
+
+
+def _profiled_functions(tracked: bool) -> tuple[set[str], list[str]]:
+    """The functions of `training.py` that cProfile lists, and the names of every function a
+    `sys.setprofile` hook sees called from there."""
+    called: list[str] = []
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename == "training.py":
+            called.append(frame.f_code.co_name)
+
+    profile = cProfile.Profile()
+    code = compile(_PROFILED, "training.py", "exec")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with am.track() if tracked else contextlib.nullcontext():
+            with profile:
+                exec(code, {"__name__": "training"})
+            sys.setprofile(hook)
+            try:
+                exec(code, {"__name__": "training"})
+            finally:
+                sys.setprofile(None)
+    listed = {name for file, _, name in pstats.Stats(profile).stats if file == "training.py"}
+    return listed, called
+
+
+def test_a_profiler_lists_the_same_functions_of_the_users_file_as_untracked():
+    """GIVEN cProfile or a sys.setprofile hook WHEN a small training step runs tracked THEN it
+    lists the user's own functions, as untracked, and no stand-in frame of the recorder."""
+    untracked = _profiled_functions(False)
+    assert untracked == ({"<module>", "step"}, ["<module>", "step", "step", "step"])
+    assert _profiled_functions(True) == untracked
+
+
+def test_a_profiler_set_for_new_threads_sees_no_stand_in():
+    """GIVEN threading.setprofile WHEN a thread started then runs a tracked step THEN its
+    profile function sees no stand-in frame (the thread's own sys.getprofile is set)."""
+    called: list[str] = []
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            called.append(frame.f_code.co_name)
+
+    def work() -> None:
+        with am.track():
+            x = torch.ones(3, requires_grad=True)
+            (x * 2).exp().sum().backward()
+
+    threading.setprofile(hook)
+    try:
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+    finally:
+        threading.setprofile(None)  # type: ignore[arg-type]
+    assert "work" in called and "autograd_magic_call" not in called
 
 
 def test_a_traceback_through_a_stand_in_shows_the_users_line_without_stray_carets():

@@ -299,6 +299,13 @@ class AliasTracker:
                 tensor_uid = source_uid if array is item else item_uid
                 self._numpy_watches.append(_NumpyWatch(array, tensor, array_uid, tensor_uid))
 
+    def release(self) -> None:
+        """Let go of every weak reference to the user's tensors and arrays (the block has
+        ended and been named)."""
+        self.registry.release()
+        self._numpy_watches = []
+        self._live_saved.clear()
+
     # ----- names -------------------------------------------------------------------------
     def resolve_labels(
         self,

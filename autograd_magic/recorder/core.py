@@ -53,6 +53,7 @@ _frame = sys._getframe
 _grad_enabled = torch.is_grad_enabled
 _gettrace = sys.gettrace
 _NoSubclassDispatch = torch._C.DisableTorchFunctionSubclass
+_getprofile = sys.getprofile
 MAX_PATHS_PER_ROOT = 4
 
 
@@ -110,10 +111,11 @@ class _RecorderMode(install.BlockMode):
             install.remove_stranded_hooks()
             return func(*args, **(kwargs or {}))
         # A builtin runs from a stand-in for the caller's frame (C++ warnings land there);
-        # a Python function has its own frame for that. Not under a debugger or tracer: the
-        # stand-in's line would hit the user's breakpoints a second time.
+        # a Python function has its own frame for that. Not under a debugger or tracer (the
+        # stand-in's line would hit the user's breakpoints a second time), nor a profiler (it
+        # would list the stand-in as a function of the user's file).
         builtin = type(func) is not _PyFunction
-        if builtin and _gettrace() is None:
+        if builtin and _gettrace() is None and _getprofile() is None:
             call = recorder._stand_ins.for_frame(_frame(1))
         else:
             call = _call
@@ -249,6 +251,7 @@ class Recorder:
     def abandon(self) -> None:
         """Remove what this block installed without finishing its trace (`uninstall()`)."""
         self._remove_all()
+        self.aliases.release()
         self.writer.closed = True
 
     def __exit__(
@@ -287,6 +290,7 @@ class Recorder:
             )
         finally:
             self._namespace = None
+            self.aliases.release()
             self.writer.close()
         if self._on_exit is not None:
             self._on_exit(self.trace)

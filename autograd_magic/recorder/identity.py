@@ -72,6 +72,12 @@ class ObjectRegistry:
             del self._by_address[id(obj)]
             self._by_uid.pop(entry.uid, None)
 
+    def release(self) -> None:
+        """Drop every weak reference (the block has ended; ids and labels stay): a tensor that
+        has one cannot be swapped (`torch.utils.swap_tensors`)."""
+        self._by_address.clear()
+        self._by_uid.clear()
+
     def alive(self) -> dict[int, int]:
         """Address -> uid of the registered objects that are still alive."""
         return {addr: ref.uid for addr, ref in self._by_address.items() if ref() is not None}

@@ -25,6 +25,7 @@ _get_ident = threading.get_ident
 _OUR_HOOKS: set[int] = set()
 _original_has_any_global_hook = nn_module._has_any_global_hook
 _WRAPPED = "OptimizedModule"  # torch.compile's wrapper: its inner module's call is the real one
+_FIRST_SWEEP = 64  # roots held before dead ones are first dropped
 
 
 def _has_any_global_hook_but_ours() -> bool:
@@ -43,7 +44,12 @@ class ModuleTracker:
     def __init__(self, writer: TraceWriter) -> None:
         self._writer = writer
         self._stack: list[str] = []
-        self._roots: list[tuple[weakref.ref[Any], dict[int, str]]] = []
+        # Placeholder index -> (root, ids of the modules it indexed); and id(module) -> where it
+        # sits, newest root last. Modules are held weakly: ids are checked against the module.
+        self._roots: dict[int, tuple[weakref.ref[Any], list[int]]] = {}
+        self._paths: dict[int, list[tuple[weakref.ref[Any], int, str]]] = {}
+        self._next_root = 0
+        self._sweep_at = _FIRST_SWEEP
         self._handles: list[Any] = []
         self._thread = 0
 
@@ -95,24 +101,51 @@ class ModuleTracker:
         self._writer.module = self._stack[-1] if self._stack else None
 
     def _path_of(self, module: Any) -> str:
-        """`<k>.sub.path` inside the outermost module called, or a new root `<k>`."""
-        for root_ref, names in reversed(self._roots):
-            name = names.get(id(module))
-            if name is not None and root_ref() is not None:
-                return name
-        # A new outermost module: index every submodule once (paths by identity).
-        prefix = f"<{len(self._roots)}>"
-        names, types = {}, self._writer.module_types
+        """`<k>.sub.path` inside the newest live root that holds it, or a new root `<k>`."""
+        entries = self._paths.get(id(module))
+        if entries is not None:
+            roots = self._roots
+            for module_ref, index, path in reversed(entries):
+                root = roots.get(index)
+                if module_ref() is module and root is not None and root[0]() is not None:
+                    return path
+        return self._new_root(module)
+
+    def _new_root(self, module: Any) -> str:
+        """Index every submodule of a new outermost module once (paths by identity)."""
+        if len(self._roots) >= self._sweep_at:
+            self._sweep()
+        index = self._next_root
+        self._next_root += 1
+        prefix = f"<{index}>"
+        paths, types, ids = self._paths, self._writer.module_types, []
         for name, sub in module.named_modules():
-            path = names[id(sub)] = f"{prefix}.{name}" if name else prefix
+            path = f"{prefix}.{name}" if name else prefix
             types.setdefault(path, type(sub).__name__)  # containers never called need it too
-        self._roots.append((weakref.ref(module), names))
+            paths.setdefault(id(sub), []).append((weakref.ref(sub), index, path))
+            ids.append(id(sub))
+        self._roots[index] = (weakref.ref(module), ids)
         return prefix
+
+    def _sweep(self) -> None:
+        """Drop dead roots and their entries (a loss module made in every forward is a new root
+        each step): run when the roots held double, so a call's cost stays flat."""
+        roots, paths = self._roots, self._paths
+        touched: set[int] = set()
+        for index in [i for i, (root_ref, _) in roots.items() if root_ref() is None]:
+            touched.update(roots.pop(index)[1])
+        for key in touched:
+            kept = [entry for entry in paths[key] if entry[1] in roots]
+            if kept:
+                paths[key] = kept
+            else:
+                del paths[key]
+        self._sweep_at = max(_FIRST_SWEEP, 2 * len(roots))
 
     def root_placeholders(self) -> dict[str, Any]:
         """`<k>` -> the root module still alive (for naming), by placeholder."""
         found = {}
-        for index, (root_ref, _) in enumerate(self._roots):
+        for index, (root_ref, _) in self._roots.items():
             root = root_ref()
             if root is not None:
                 found[f"<{index}>"] = root
