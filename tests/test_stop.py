@@ -6,9 +6,23 @@ Each try runs in a fresh Python process, so the real default SIGINT handler and 
 
 from __future__ import annotations
 
+import _thread
+import collections
+import contextlib
+import functools
 import json
+import operator
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+import autograd_magic as am
 
 TRIES = 50
 
@@ -113,3 +127,69 @@ def test_sigint_at_any_moment_of_a_tracked_training_loop_stops_it_within_a_secon
     worst = max(latencies, default=0.0)
     summary = f"{TRIES - len(failed)}/{TRIES} stopped within 1 s, max latency {worst:.0f} ms"
     assert not failed, f"{summary}; failed: {failed}"
+
+
+# ----- an interrupt held in a finalizer, deterministically -----------------------------------
+@contextlib.contextmanager
+def _usr1_interrupts() -> Iterator[None]:
+    """SIGUSR1 raises KeyboardInterrupt, as SIGINT does (a stray one cannot end the session)."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def _interrupt_then_free(holder: list) -> None:
+    """Deliver the interrupt, then free what `holder` holds, with no bytecode of this frame in
+    between: the interrupt lands on the first instruction of the first finalizer that runs."""
+    calls = [functools.partial(_thread.interrupt_main, signal.SIGUSR1), holder.clear]
+    collections.deque(map(operator.methodcaller("__call__"), calls), maxlen=0)
+
+
+def test_an_interrupt_landing_in_a_finalizer_is_raised_by_the_next_torch_call():
+    """GIVEN a tracked graph freed just as an interrupt arrives (it lands in our finalizer)
+    WHEN the block makes its next torch call
+    THEN that call raises the KeyboardInterrupt, nothing is printed as ignored, and the trace
+    still saw the graph die."""
+    x = torch.ones(3, requires_grad=True)
+    reached = []
+    with _usr1_interrupts(), pytest.raises(KeyboardInterrupt), am.track() as trace:
+        holder = [x.exp()]
+        _interrupt_then_free(holder)
+        reached.append("after the free")
+        torch.ones(1)
+        reached.append("after the next torch call")
+    assert reached == ["after the free"]
+    assert trace.error is not None and trace.error.startswith("KeyboardInterrupt")
+    assert trace.live_nodes == 0 and all(b.freed_seq is not None for b in trace.buffers)
+    time.sleep(0.05)  # nothing is re-delivered later: it was raised once
+
+
+def test_an_interrupt_landing_in_a_finalizer_as_the_block_ends_leaves_the_block():
+    """GIVEN an interrupt landing in our finalizer as the last statement of a block
+    WHEN the block ends THEN the block raises it once, and records it."""
+    x = torch.ones(3, requires_grad=True)
+    with _usr1_interrupts(), pytest.raises(KeyboardInterrupt), am.track() as trace:
+        holder = [x.exp()]
+        _interrupt_then_free(holder)
+    assert trace.error is not None and trace.error.startswith("KeyboardInterrupt")
+    time.sleep(0.05)
+
+
+def test_an_interrupt_landing_in_a_finalizer_before_pure_python_code_is_redelivered():
+    """GIVEN an interrupt landing in our finalizer, followed by Python code making no torch call
+    WHEN that code runs on THEN the KeyboardInterrupt reaches it within a few milliseconds."""
+    x = torch.ones(3, requires_grad=True)
+    start = time.perf_counter()
+    with _usr1_interrupts(), pytest.raises(KeyboardInterrupt), am.track():
+        holder = [x.exp()]
+        _interrupt_then_free(holder)
+        start = time.perf_counter()
+        while time.perf_counter() - start < 2.0:
+            pass
+    assert time.perf_counter() - start < 0.5

@@ -10,6 +10,7 @@ active block, and hold no recorder: a patch outliving its blocks forwards and re
 
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
 import weakref
@@ -21,7 +22,7 @@ import torch.fx.traceback
 from torch.overrides import _get_current_function_mode_stack, _pop_mode, _push_mode
 
 from autograd_magic.model.records import BlindspotKind
-from autograd_magic.recorder import warnings_site
+from autograd_magic.recorder import deferred, warnings_site
 
 _autograd = torch._C._autograd
 _HOOKS_CLASS = torch.autograd.graph.saved_tensors_hooks
@@ -94,6 +95,18 @@ def _swap_tensors(t1: Any, t2: Any) -> Any:
     return _originals["swap_tensors"](t1, t2)
 
 
+def _unraisable(unraisable: Any) -> None:
+    # An interrupt delivered as one of our finalizers starts is held for later (see deferred);
+    # everything else goes to the hook that was there.
+    try:
+        if not deferred.took(unraisable):
+            _originals["unraisablehook"](unraisable)
+    except Exception:
+        raise
+    except BaseException as error:  # a second interrupt, landing in here: held as well
+        deferred.hold(error)
+
+
 def _jit_tracer(name: str) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
         # The tracer records every Python frame on the stack (ours would be baked into the
@@ -142,6 +155,7 @@ _PATCHES: list[tuple[Any, str, Any, str]] = [
     (warnings, "warn", warnings_site.warn, "warn"),
     (torch.utils, "swap_tensors", _swap_tensors, "swap_tensors"),
     (torch.fx.traceback, "format_stack", warnings_site.format_stack, "format_stack"),
+    (sys, "unraisablehook", _unraisable, "unraisablehook"),
 ]
 _DEFAULTS = {
     "from_numpy": _ORIGINAL_FROM_NUMPY,
@@ -152,6 +166,7 @@ _DEFAULTS = {
     "warn": warnings_site.ORIGINAL_WARN,
     "swap_tensors": torch.utils.swap_tensors,
     "format_stack": warnings_site.ORIGINAL_FORMAT_STACK,
+    "unraisablehook": sys.unraisablehook,
 }
 
 
