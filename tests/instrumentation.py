@@ -4,6 +4,7 @@ before and after)."""
 from __future__ import annotations
 
 import bdb
+import sys
 import warnings
 
 import torch
@@ -12,8 +13,8 @@ from torch.overrides import _get_current_function_mode_stack
 
 
 def installed() -> tuple:
-    """Function modes, the innermost saved-tensor hooks, global module hooks, and the patched
-    entry points."""
+    """Function modes, the innermost saved-tensor hooks, global module hooks, the patched
+    entry points, and the unraisable hook."""
     return (
         len(_get_current_function_mode_stack()),
         torch._C._autograd._top_saved_tensors_default_hooks(False),
@@ -27,4 +28,5 @@ def installed() -> tuple:
         tuple(nn_module._global_forward_pre_hooks),
         tuple(nn_module._global_forward_hooks),
         nn_module._has_any_global_hook,
+        sys.unraisablehook,
     )

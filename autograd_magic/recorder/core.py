@@ -4,7 +4,8 @@ Installs three things, all removed on exit (exception and KeyboardInterrupt incl
 `TorchFunctionMode` that sees each torch call (cheap; no dispatch mode in the hot path),
 saved-tensor hooks, and a wrapper around `torch.from_numpy` (invisible to function modes).
 Nodes are tagged through `node.metadata`, whose entries die with the C++ node: that gives
-exact death times without holding a reference to any node.
+exact death times without holding a reference to any node. An interrupt that lands in one of
+those finalizers is held and raised at the block's next torch call, hook or exit (`deferred`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from autograd_magic.recorder import install
 from autograd_magic.recorder.aliases import AliasTracker
 from autograd_magic.recorder.backward import run_backward
 from autograd_magic.recorder.caller import CallerStandIns, StandIn
+from autograd_magic.recorder.deferred import finalizer, hold, pending, raise_pending, take
 from autograd_magic.recorder.modules import ModuleTracker
 from autograd_magic.recorder.naming import frame_namespace
 from autograd_magic.recorder.ops import OpKind, classify
@@ -81,16 +83,17 @@ class _NodeTag(tuple):
     def node_id(self) -> int:
         return self[1]
 
+    @finalizer
     def __del__(self) -> None:
         writer = self[0]()
         if writer is not None:
-            # Never raise from a finalizer: it runs inside autograd. A bare try, not
-            # contextlib.suppress: this runs once per node or buffer, and the context manager
-            # costs more than the bookkeeping.
-            try:  # noqa: SIM105
+            # As PackedSaved.__del__: never raise, hold an interrupt (see deferred).
+            try:
                 writer.node_died(self[1])
             except Exception:
                 pass
+            except BaseException as error:
+                hold(error)
 
 
 class _RecorderMode(install.BlockMode):
@@ -104,6 +107,8 @@ class _RecorderMode(install.BlockMode):
             # bookkeeping is not traceable; tracing it breaks the graph and emits warnings).
             return func(*args, **(kwargs or {}))
         __tracebackhide__ = True  # IPython leaves the recorder out of the user's traceback
+        if pending:  # an interrupt caught in one of our finalizers: raise it before this call
+            raise_pending()
         recorder = self.recorder
         if recorder is None:
             # Put back on the stack after its block ended (see install.purge_ended_modes), or
@@ -249,10 +254,13 @@ class Recorder:
         return self._thread == threading.get_ident()
 
     def abandon(self) -> None:
-        """Remove what this block installed without finishing its trace (`uninstall()`)."""
-        self._remove_all()
+        """Remove what this block installed without finishing its trace (`uninstall()`); an
+        interrupt that arrived meanwhile is raised once all is removed."""
+        interrupted = self._remove_all()
         self.aliases.release()
         self.writer.closed = True
+        if interrupted is not None:
+            raise interrupted
 
     def __exit__(
         self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None
@@ -265,12 +273,17 @@ class Recorder:
                 break
             except BaseException as error:
                 interrupted = error
+        held = take()  # an interrupt caught in a finalizer: the block ends with it
+        if held is not None and interrupted is None and (exc is None or isinstance(exc, Exception)):
+            interrupted = held
         # The block's end state is what the user asked about: later deaths are not the block's.
         self.writer.flush()
         self.writer.closed = True
-        if exc is not None:
+        ended_by = exc if interrupted is None else interrupted
+        if ended_by is not None:
             self.writer.block_error(
-                f"{type(exc).__name__}: {describe_error(exc)}", site_of_traceback(tb, self._sites)
+                f"{type(ended_by).__name__}: {describe_error(ended_by)}",
+                site_of_traceback(tb, self._sites),
             )
         namespace = self._namespace
         if namespace is None:
@@ -543,6 +556,8 @@ class Recorder:
 
     # ----- saved tensors ----------------------------------------------------------------
     def _pack(self, tensor: torch.Tensor) -> PackedSaved | torch.Tensor:
+        if pending:
+            raise_pending()
         if self._pack_hook is None:  # the block has ended; its hooks are stranded (see strand)
             return tensor
         self._busy += 1

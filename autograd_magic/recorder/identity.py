@@ -6,6 +6,8 @@ import weakref
 from collections import Counter
 from typing import Any
 
+from autograd_magic.recorder.deferred import finalizer, hold
+
 
 class _Entry(weakref.ref):
     """A weak reference that carries its object's address and id, for the death callback."""
@@ -97,14 +99,20 @@ def _forgetter(
 ) -> Any:
     # One callback per registry, holding its tables and never the registry: no cycle through
     # the weak refs (users may run with gc disabled).
+    @finalizer
     def forget(ref: _Entry) -> None:
-        uid = ref.uid
-        by_uid.pop(uid, None)
-        # A dead object's label lives on in the trace (`Trace.labels`, capped) if at all.
-        labels.pop(uid, None)
-        kinds.pop(uid, None)
-        dead.append(uid)
-        if table.get(ref.address) is ref:
-            del table[ref.address]
+        try:
+            uid = ref.uid
+            by_uid.pop(uid, None)
+            # A dead object's label lives on in the trace (`Trace.labels`, capped) if at all.
+            labels.pop(uid, None)
+            kinds.pop(uid, None)
+            dead.append(uid)
+            if table.get(ref.address) is ref:
+                del table[ref.address]
+        except Exception:
+            pass
+        except BaseException as error:
+            hold(error)
 
     return forget

@@ -11,6 +11,7 @@ active block, and hold no recorder: a patch outliving its blocks forwards and re
 from __future__ import annotations
 
 import bdb
+import sys
 import threading
 import warnings
 import weakref
@@ -29,7 +30,7 @@ from torch.overrides import (
 from torch.utils._device import DeviceContext
 
 from autograd_magic.model.records import BlindspotKind
-from autograd_magic.recorder import warnings_site
+from autograd_magic.recorder import deferred, warnings_site
 
 _autograd = torch._C._autograd
 _HOOKS_CLASS = torch.autograd.graph.saved_tensors_hooks
@@ -148,6 +149,18 @@ def _stop_here(debugger: bdb.Bdb, frame: FrameType) -> bool:
 PASS_THROUGH: set[CodeType] = set()
 
 
+def _unraisable(unraisable: Any) -> None:
+    # An interrupt delivered as one of our finalizers starts is held for later (see deferred);
+    # everything else goes to the hook that was there.
+    try:
+        if not deferred.took(unraisable):
+            _originals["unraisablehook"](unraisable)
+    except Exception:
+        raise
+    except BaseException as error:  # a second interrupt, landing in here: held as well
+        deferred.hold(error)
+
+
 def _jit_tracer(name: str) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
         # The tracer records every Python frame on the stack (ours would be baked into the
@@ -202,6 +215,7 @@ _PATCHES: list[tuple[Any, str, Any, str]] = [
     (torch.fx.traceback, "format_stack", warnings_site.format_stack, "format_stack"),
     (torch.overrides, "has_torch_function", _has_torch_function, "has_torch_function"),
     (bdb.Bdb, "stop_here", _stop_here, "stop_here"),
+    (sys, "unraisablehook", _unraisable, "unraisablehook"),
 ]
 _DEFAULTS = {
     "from_numpy": _ORIGINAL_FROM_NUMPY,
@@ -214,6 +228,7 @@ _DEFAULTS = {
     "format_stack": warnings_site.ORIGINAL_FORMAT_STACK,
     "has_torch_function": _ORIGINAL_HAS_TORCH_FUNCTION,
     "stop_here": _ORIGINAL_STOP_HERE,
+    "unraisablehook": sys.unraisablehook,
 }
 
 

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.nn.modules import module as nn_module
 
+from autograd_magic.recorder.deferred import pending, raise_pending
+
 if TYPE_CHECKING:
     from autograd_magic.recorder.writer import TraceWriter
 
@@ -82,6 +84,8 @@ class ModuleTracker:
         # Traced by torch.compile: our bookkeeping stays out of its graph.
         if _get_ident() != self._thread or _is_compiling() or type(module).__name__ == _WRAPPED:
             return
+        if pending:  # an interrupt caught in one of our finalizers (see deferred)
+            raise_pending()
         path = self._path_of(module)
         self._stack.append(path)
         writer = self._writer

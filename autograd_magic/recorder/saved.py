@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from autograd_magic.recorder.deferred import finalizer, hold
+
 if TYPE_CHECKING:
     from autograd_magic.recorder.writer import TraceWriter
 
@@ -63,16 +65,19 @@ class PackedSaved:
         self.nbytes = tensor.numel() * tensor.element_size()
         self.storage_key = 0
 
+    @finalizer
     def __del__(self) -> None:
         writer = self.writer_ref()
         if writer is not None:
-            # Never raise from a finalizer: it runs inside autograd. A bare try, not
-            # contextlib.suppress: this runs once per node or buffer, and the context manager
-            # costs more than the bookkeeping.
-            try:  # noqa: SIM105
+            # Never raise from a finalizer: it runs inside autograd; an interrupt is held for
+            # later (see deferred). A bare try, not contextlib.suppress: this runs once per node
+            # or buffer, and the context manager costs more than the bookkeeping.
+            try:
                 writer.buffer_released(self.buffer_id, self.is_leaf, self.storage_key)
             except Exception:
                 pass
+            except BaseException as error:
+                hold(error)
 
     def checked_tensor(self) -> torch.Tensor:
         """The saved value, raising PyTorch's own error if it was modified in place since saving."""
