@@ -53,14 +53,14 @@ def uninstall() -> int:
     interrupt that landed as a block ended, or by a block that ended on another thread; returns
     how many. Their traces stay unfinished."""
     from autograd_magic.recorder import install
-    from autograd_magic.recorder.core import _RecorderMode
+    from autograd_magic.recorder.mode import RecorderMode
 
     blocks = [
         b for b in install.live_blocks() if isinstance(b, Recorder) and b.began_on_this_thread()
     ]
     for block in blocks:
         block.abandon()
-    install.purge_ended_modes(_RecorderMode)
+    install.purge_ended_modes(RecorderMode)
     return len(blocks) + install.purge_stranded()
 
 

@@ -15,6 +15,7 @@ from torch import nn
 
 import autograd_magic as am
 import autograd_magic.recorder.core as recorder_module
+import autograd_magic.recorder.mode as mode_module
 from autograd_magic.model.records import Site
 from autograd_magic.recorder.sites import SiteFinder
 
@@ -22,7 +23,7 @@ line_of = marker_lines(__file__)
 
 
 class _NoFastOps(set):
-    """A `_PLAIN` set that stays empty: every op takes the general `_on_call` path."""
+    """A `PLAIN` set that stays empty: every op takes the general `_on_call` path."""
 
     def add(self, item: object) -> None:
         pass
@@ -74,7 +75,9 @@ def test_fast_op_path_records_the_same_as_the_general_path(gc_disabled, monkeypa
     """GIVEN the same training code WHEN recorded with and without the per-op fast path
     THEN every record, counter and timeline sample is the same."""
     fast = _record()
-    monkeypatch.setattr(recorder_module, "_PLAIN", _NoFastOps())
+    no_fast_ops = _NoFastOps()
+    monkeypatch.setattr(mode_module, "PLAIN", no_fast_ops)
+    monkeypatch.setattr(recorder_module, "PLAIN", no_fast_ops)
     general = _record()
     assert general == fast
 

@@ -15,131 +15,43 @@ import threading
 import weakref
 from collections import Counter
 from collections.abc import Callable
-from types import CodeType, FunctionType, TracebackType
+from types import CodeType, TracebackType
 from typing import Any, Literal
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 
 from autograd_magic.model.records import (
     Blindspot,
     BlindspotKind,
     Finding,
     Holder,
-    SavedBuffer,
     Site,
 )
 from autograd_magic.model.trace import Trace
-from autograd_magic.model.units import ACCUMULATE_GRAD, describe_error
+from autograd_magic.model.units import describe_error
 from autograd_magic.recorder import install
 from autograd_magic.recorder.aliases import AliasTracker
 from autograd_magic.recorder.backward import run_backward
 from autograd_magic.recorder.caller import CallerStandIns, StandIn
-from autograd_magic.recorder.deferred import finalizer, hold, pending, raise_pending, take
+from autograd_magic.recorder.deferred import take
+from autograd_magic.recorder.mode import KINDS, PLAIN, RecorderMode
 from autograd_magic.recorder.modules import ModuleTracker
 from autograd_magic.recorder.naming import frame_namespace
+from autograd_magic.recorder.nodes import NodeRecording, current_sequence_nr, grad_fn_of
 from autograd_magic.recorder.ops import OpKind, classify
-from autograd_magic.recorder.saved import PackedSaved, probe_saved, storage_of
+from autograd_magic.recorder.packing import SavedTensorRecording
 from autograd_magic.recorder.sites import SiteFinder, site_of_traceback
-from autograd_magic.recorder.writer import NODES_CREATED, TraceWriter
+from autograd_magic.recorder.writer import TraceWriter
 
-# What each torch function does depends only on the function: classified once per process.
-_KINDS: dict[Any, tuple[OpKind, str]] = {}
-_PLAIN: set[Any] = set()  # functions of kind PLAIN: the per-op fast path
-_TYPE_NAMES: dict[Any, str] = {}
-_SHAPES: dict[tuple[int, ...], tuple[int, ...]] = {}
-_is_compiling = torch.compiler.is_compiling
-_Tensor = torch.Tensor
-_PyFunction = FunctionType
-_frame = sys._getframe
-_grad_enabled = torch.is_grad_enabled
-_gettrace = sys.gettrace
 _NoSubclassDispatch = torch._C.DisableTorchFunctionSubclass
-_getprofile = sys.getprofile
+_Tensor = torch.Tensor
 MAX_PATHS_PER_ROOT = 4
 
 
-def _call(func: Any, args: tuple, kwargs: dict | None = None) -> Any:
-    """A plain call, for functions that raise their warnings from their own frame."""
-    __tracebackhide__ = True
-    return func(*args, **kwargs) if kwargs else func(*args)
-
-
-install.PASS_THROUGH.add(_call.__code__)
 _next_trace_number = 0
 
 
-class _NodeTag(tuple):
-    """Stored in `node.metadata`; released exactly when the C++ node is destroyed.
-
-    A tuple `(writer_ref, node_id)`: made by tuple's own constructor, with no Python `__init__`
-    to run per node. The writer is weakly held: once the block is over and the recorder gone,
-    a dying node reports to no one.
-    """
-
-    __slots__ = ()
-
-    @property
-    def node_id(self) -> int:
-        return self[1]
-
-    @finalizer
-    def __del__(self) -> None:
-        writer = self[0]()
-        if writer is not None:
-            # As PackedSaved.__del__: never raise, hold an interrupt (see deferred).
-            try:
-                writer.node_died(self[1])
-            except Exception:
-                pass
-            except BaseException as error:
-                hold(error)
-
-
-class _RecorderMode(install.BlockMode):
-    def __init__(self, recorder: Recorder) -> None:
-        super().__init__()
-        self.recorder: Recorder | None = recorder
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if _is_compiling():
-            # torch.compile traces this method into its graph: give it a plain call (our
-            # bookkeeping is not traceable; tracing it breaks the graph and emits warnings).
-            return func(*args, **(kwargs or {}))
-        __tracebackhide__ = True  # IPython leaves the recorder out of the user's traceback
-        if pending:  # an interrupt caught in one of our finalizers: raise it before this call
-            raise_pending()
-        recorder = self.recorder
-        if recorder is None:
-            # Put back on the stack after its block ended (see install.purge_ended_modes), or
-            # left by a block that ended on another thread: its hooks go now.
-            install.remove_stranded_hooks()
-            return func(*args, **(kwargs or {}))
-        # A builtin runs from a stand-in for the caller's frame (C++ warnings land there);
-        # a Python function has its own frame for that. Not under a debugger or tracer (the
-        # stand-in's line would hit the user's breakpoints a second time), nor a profiler (it
-        # would list the stand-in as a function of the user's file).
-        builtin = type(func) is not _PyFunction
-        if builtin and _gettrace() is None and _getprofile() is None:
-            call = recorder._stand_ins.for_frame(_frame(1))
-        else:
-            call = _call
-        if types and not _plain_types(types):
-            return recorder._on_subclass(func, args, kwargs or {}, call)
-        if func in _PLAIN and not (kwargs and "out" in kwargs):
-            if builtin and not _grad_enabled():
-                # Grad off (an optimizer step, evaluation): a builtin makes no node, saves
-                # nothing and writes nothing, so there is nothing to record.
-                out = call(func, args, kwargs)
-                if recorder.trace.listener is not None:
-                    recorder._notify_listener()
-                return out
-            if not recorder._busy:
-                return recorder._on_plain(func, args, kwargs, call)
-        return recorder._on_call(func, args, kwargs or {}, call)
-
-
-class Recorder:
+class Recorder(NodeRecording, SavedTensorRecording):
     """Context manager behind `track()`; `__enter__` returns the `Trace` being filled."""
 
     def __init__(
@@ -164,7 +76,7 @@ class Recorder:
         self._namespace = namespace
         self._name_budget_s = name_budget_s
         self._sites = SiteFinder(home_code)
-        self._kinds = _KINDS
+        self._kinds = KINDS
         self._busy = 0
         self._in_call = False
         self._call_site: Site | None = None
@@ -176,7 +88,7 @@ class Recorder:
         self._thread = 0
         self._pack_hook: Any = None
         self._suspended: str | None = None
-        self._mode: _RecorderMode | None = None
+        self._mode: RecorderMode | None = None
         self._blind_lines: set[tuple[str, int]] = set()
         self.aliases = AliasTracker(self.writer, self._sites)
         self.modules = ModuleTracker(self.writer)
@@ -187,7 +99,7 @@ class Recorder:
         if self._home_code is None:
             self._home_code = self._sites.home_code = sys._getframe(1).f_code
         self.writer.locate = self._sites.here
-        self._sequence_start = _current_sequence_nr()
+        self._sequence_start = current_sequence_nr()
         self._thread = threading.get_ident()
         try:
             self._install()
@@ -198,9 +110,9 @@ class Recorder:
         return self.trace
 
     def _install(self) -> None:
-        install.purge_ended_modes(_RecorderMode)
+        install.purge_ended_modes(RecorderMode)
         install.purge_stranded()
-        self._pack_hook, self._mode = self._pack, _RecorderMode(self)
+        self._pack_hook, self._mode = self._pack, RecorderMode(self)
         disabled = install.hooks_disabled_message()
         if disabled is None:
             install.push_hooks(self._pack_hook, self._unpack)
@@ -318,7 +230,7 @@ class Recorder:
         holders: list[Holder] = []
 
         def note_holder(obj: Any, path: str) -> None:
-            grad_fn = _grad_fn_of(obj) if issubclass(type(obj), torch.Tensor) else None
+            grad_fn = grad_fn_of(obj) if issubclass(type(obj), torch.Tensor) else None
             if grad_fn is not None:
                 tag = grad_fn.metadata.get(key)
                 # A few paths per root: `loss` and `losses[2]` may name the same tensor.
@@ -350,7 +262,7 @@ class Recorder:
         if entry is None:
             entry = self._kinds[func] = classify(func)
             if entry[0] is OpKind.PLAIN:
-                _PLAIN.add(func)
+                PLAIN.add(func)
         kind, name = entry
         if self._busy:
             return func(*args, **kwargs)
@@ -385,7 +297,7 @@ class Recorder:
         try:
             out = call(func, args, kwargs)
             if type(out) is _Tensor or isinstance(out, _Tensor):
-                grad_fn = _grad_fn_of(out)
+                grad_fn = grad_fn_of(out)
                 if grad_fn is not None:
                     metadata = grad_fn.metadata
                     if self._key not in metadata and not self._born_alone(grad_fn, metadata, mark):
@@ -430,201 +342,11 @@ class Recorder:
         """Record NumPy writes made since the last check."""
         self.aliases.check_numpy_writes()
 
-    def root_node_ids(self, roots: list[torch.Tensor]) -> list[int]:
-        """The recorded node ids of the roots' `grad_fn`s (recording any not seen yet)."""
-        self._register_outputs(roots, len(self._unowned))
-        key, ids = self._key, []
-        for tensor in roots:
-            grad_fn: Any = tensor.grad_fn
-            tag = None if grad_fn is None else grad_fn.metadata.get(key)
-            if tag is not None:
-                ids.append(tag.node_id)
-        return ids
-
     def _notify_listener(self) -> None:
         # Busy while a live view renders: torch calls it makes are not the user's ops.
         self._busy += 1
         try:
             self.writer.notify()
-        finally:
-            self._busy -= 1
-
-    def _register_outputs(self, out: Any, mark: int) -> None:
-        key = self._key
-        if isinstance(out, torch.Tensor):
-            grad_fn = _grad_fn_of(out)
-            if grad_fn is not None:
-                metadata = grad_fn.metadata
-                if key not in metadata and not self._born_alone(grad_fn, metadata, mark):
-                    self._discover([grad_fn], mark)
-            return
-        if isinstance(out, (tuple, list)):
-            roots = []
-            for item in out:
-                if isinstance(item, torch.Tensor):
-                    grad_fn = _grad_fn_of(item)
-                    if grad_fn is not None and key not in grad_fn.metadata:
-                        roots.append(grad_fn)
-            if roots:
-                self._discover(roots, mark)
-
-    def _born_alone(self, node: Any, metadata: dict, mark: int) -> bool:
-        """Fast path for the common op: one new node whose inputs' nodes are all known."""
-        key = self._key
-        next_ids = []
-        for child, _ in node.next_functions:
-            if child is not None:
-                tag = child.metadata.get(key)
-                if tag is None:
-                    return False
-                next_ids.append(tag[1])
-        node_id = self._next_node_id
-        self._next_node_id = node_id + 1
-        metadata[key] = _NodeTag((self._writer_ref, node_id))
-        site = self._call_site or self._sites.here(3)
-        writer = self.writer
-        writer.op_node(node_id, type(node).__name__, site, tuple(next_ids))
-        unowned = self._unowned
-        if unowned:
-            if mark == 0:
-                # Everything saved during this op, and one new node (an op's output node is
-                # never AccumulateGrad): it owns them all, as `_assign_buffers` would decide.
-                writer.buffers_owned(unowned, node_id)
-                unowned.clear()
-            else:
-                self._assign_buffers([(node, node_id, None)], mark, site)
-        return True
-
-    def _discover(self, roots: list[Any], mark: int) -> None:
-        """Tag every node reachable from `roots` that this trace has not seen; assign buffers."""
-        writer = self.writer
-        key, writer_ref = self._key, self._writer_ref
-        stack, found = list(roots), []
-        while stack:
-            node = stack.pop()
-            metadata = node.metadata
-            if key in metadata:
-                continue
-            node_id = self._next_node_id
-            self._next_node_id += 1
-            metadata[key] = _NodeTag((writer_ref, node_id))
-            next_functions = node.next_functions
-            found.append((node, node_id, next_functions))
-            for child, _ in next_functions:
-                if child is not None:
-                    stack.append(child)
-        site = self._call_site or self._sites.here(2)
-        writer.next_seq()
-        root_ids = {id(root) for root in roots}
-        for node, node_id, next_functions in found:
-            name = type(node).__name__
-            # An op's own output node is new; only deeper nodes may predate the block.
-            existed = (
-                id(node) not in root_ids
-                and name != ACCUMULATE_GRAD
-                and node._sequence_nr() < self._sequence_start
-            )
-            next_ids = tuple(
-                [child.metadata[key][1] for child, _ in next_functions if child is not None]
-            )
-            writer.node_born(node_id, name, site, existed, next_ids)
-            if name == "CompiledFunctionBackward":
-                self._note_blindspot("compiled", site, _COMPILED_MESSAGE)
-        writer.sample(NODES_CREATED, site)
-        if self._unowned:
-            self._assign_buffers(found, mark, site)
-
-    def _assign_buffers(self, found: list[tuple[Any, int, Any]], mark: int, site: Site) -> None:
-        unowned = self._unowned
-        nodes = [(n, i) for n, i, _ in found if type(n).__name__ != ACCUMULATE_GRAD]
-        if mark == 0 and len(nodes) == 1:
-            self.writer.buffers_owned(unowned, nodes[0][1])
-            unowned.clear()
-            return
-        owned: set[int] = set()
-        self._busy += 1
-        try:
-            for node, node_id in nodes:
-                self._probe_hits = hits = list[int]()
-                probe_saved(node)
-                self.writer.buffers_owned(hits, node_id)
-                owned.update(hits)
-        finally:
-            self._probe_hits = None
-            self._busy -= 1
-        unowned[:] = [b for b in unowned if b not in owned][-1000:]
-
-    # ----- saved tensors ----------------------------------------------------------------
-    def _pack(self, tensor: torch.Tensor) -> PackedSaved | torch.Tensor:
-        if pending:
-            raise_pending()
-        if self._pack_hook is None:  # the block has ended; its hooks are stranded (see strand)
-            return tensor
-        self._busy += 1
-        try:
-            buffer_id = self._next_buffer_id
-            self._next_buffer_id = buffer_id + 1
-            packed = PackedSaved(tensor, self._writer_ref, buffer_id, self._is_old(tensor))
-            writer, trace = self.writer, self.trace
-            # Counted as soon as `packed` exists: its finalizer uncounts it.
-            writer.live_buffers += 1
-            packed.storage_key, storage_nbytes = storage_of(tensor)
-            trace.seq += 1
-            site = self._call_site
-            if site is None:
-                site = self._sites.here(1)
-                # One stack walk per torch call, shared by the buffers it saves and its node.
-                if self._in_call:
-                    self._call_site = site
-            is_leaf = packed.is_leaf
-            dtype, device = tensor.dtype, tensor.device
-            buffer = SavedBuffer(
-                buffer_id,
-                None,
-                _interned_shape(tensor),
-                _TYPE_NAMES.get(dtype) or _type_name(dtype),
-                _TYPE_NAMES.get(device) or _type_name(device),
-                packed.nbytes,
-                storage_nbytes,
-                is_leaf,
-                # The leaf test first: Parameter's isinstance check is slow.
-                is_leaf and isinstance(tensor, torch.nn.Parameter),
-                packed.version,
-                trace.seq,
-                site,
-                packed.storage_key,
-            )
-            self.aliases.watch_saved(packed)
-            self._unowned.append(buffer_id)
-            writer.buffer_saved(buffer, packed.storage_key)
-            return packed
-        finally:
-            self._busy -= 1
-
-    def _is_old(self, tensor: torch.Tensor) -> bool:
-        """True when `tensor.grad_fn` is surely not the node saving it (then `tensor` is an input
-        or a leaf, which PyTorch keeps whole): none, already tagged, or made before the block on
-        this thread (sequence numbers are per thread)."""
-        grad_fn: Any = tensor.grad_fn
-        return (
-            grad_fn is None
-            or self._key in grad_fn.metadata
-            or (
-                threading.get_ident() == self._thread
-                and grad_fn._sequence_nr() < self._sequence_start
-            )
-        )
-
-    def _unpack(self, packed: PackedSaved | torch.Tensor) -> torch.Tensor:
-        if not isinstance(packed, PackedSaved):
-            return packed  # packed after the block ended
-        hits = self._probe_hits
-        if hits is not None:
-            hits.append(packed.buffer_id)
-            return packed.tensor
-        self._busy += 1
-        try:
-            return packed.checked_tensor()
         finally:
             self._busy -= 1
 
@@ -678,10 +400,6 @@ class Recorder:
         self.writer.blindspot(Blindspot(kind, message.format(line=site.line), site.line))
 
 
-_COMPILED_MESSAGE = (
-    "Code compiled with torch.compile ran at line {line}: its inner operations and the tensors "
-    "it saves are hidden inside one CompiledFunctionBackward node."
-)
 _LOCALS_MESSAGE = (
     "This Python version's function locals cannot be read without changing them: tensors held "
     "only by local variables are not named."
@@ -690,64 +408,3 @@ _HOOKS_MESSAGE = (
     "Your own saved-tensor hooks (torch.utils.checkpoint, save_on_cpu, ...) were active at line "
     "{line}: tensors saved under them are handled by your hooks and not counted here."
 )
-
-
-def _grad_fn_of(tensor: torch.Tensor) -> Any:
-    """`tensor.grad_fn`, or None where PyTorch refuses to read it: a view made under no_grad and
-    then written in place (`Embedding(padding_idx=...)` does that to its weight). Reading it
-    raises, and the user's own code never reads it. (Any: `metadata` is a dict, not a method.)"""
-    try:
-        return tensor.grad_fn
-    except RuntimeError:
-        return None
-
-
-def _plain_types(types: tuple) -> bool:
-    """True when no argument type overrides `__torch_function__` (plain tensors, Parameters)."""
-    return all(t is _Tensor or t is torch.nn.Parameter for t in types)
-
-
-def _type_name(value: Any) -> str:
-    """'float32', 'cpu', 'cuda:0': one shared string per dtype/device (records stay small)."""
-    name = _TYPE_NAMES.get(value)
-    if name is None:
-        name = _TYPE_NAMES[value] = str(value).replace("torch.", "")
-    return name
-
-
-def _interned_shape(tensor: torch.Tensor) -> tuple[int, ...]:
-    try:
-        size = tensor.shape
-    except RuntimeError:  # a strided nested tensor has no single shape
-        return ()
-    # A torch.Size hashes and compares as the tuple it holds: look it up before copying it.
-    shape = _SHAPES.get(size)
-    if shape is None:
-        shape = tuple(size)
-        if len(_SHAPES) < 65_536:
-            _SHAPES[shape] = shape
-    return shape
-
-
-def _current_sequence_nr() -> int:
-    """The autograd sequence number the next node on this thread will get.
-
-    The probe is invisible to the user's function and dispatch modes and runs outside inference
-    mode (where it would make no node)."""
-    if (
-        torch._C._len_torch_dispatch_stack() == 0
-        and torch.is_grad_enabled()
-        and not torch.is_inference_mode_enabled()
-    ):
-        # The common case, without the context managers it does not need (~35 us per block).
-        with torch._C.DisableTorchFunction():
-            probe: Any = torch.zeros((), requires_grad=True).mul(1)
-            return probe.grad_fn._sequence_nr()
-    with (
-        torch._C.DisableTorchFunction(),
-        _disable_current_modes(),
-        torch.inference_mode(False),
-        torch.enable_grad(),
-    ):
-        probe = torch.zeros((), requires_grad=True).mul(1)
-        return probe.grad_fn._sequence_nr()

@@ -100,7 +100,9 @@ def took(unraisable: Any) -> bool:
 def _redeliver() -> None:
     time.sleep(REDELIVER_AFTER_S)
     # Still held: the main thread made no call of ours since (a pure-Python tail).
-    error = pending.pop(_MAIN, None) if _MAIN is not None else None
+    if _MAIN is None:
+        return
+    error = pending.pop(_MAIN, None)
     if error is None:
         return
     if isinstance(error, KeyboardInterrupt):

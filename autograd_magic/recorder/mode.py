@@ -1,0 +1,90 @@
+"""The function mode of a block: each torch call, handed to the recorder by the cheapest path.
+
+It runs once per torch call, so it is kept short: compiled code gets a plain call (Dynamo traces
+this method), an interrupt held by a finalizer is raised here first (`deferred`), grad-off
+builtins skip the bookkeeping, and the common op takes the recorder's `_on_plain` path.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import FunctionType
+from typing import Any
+
+import torch
+
+from autograd_magic.recorder import install
+from autograd_magic.recorder.deferred import pending, raise_pending
+from autograd_magic.recorder.ops import OpKind
+
+# What each torch function does depends only on the function: classified once per process.
+KINDS: dict[Any, tuple[OpKind, str]] = {}
+PLAIN: set[Any] = set()  # functions of kind PLAIN: the per-op fast path
+_is_compiling = torch.compiler.is_compiling
+_Tensor = torch.Tensor
+_PyFunction = FunctionType
+_frame = sys._getframe
+_grad_enabled = torch.is_grad_enabled
+_gettrace = sys.gettrace
+_getprofile = sys.getprofile
+
+
+def plain_call(func: Any, args: tuple, kwargs: dict | None = None) -> Any:
+    """A plain call, for functions that raise their warnings from their own frame."""
+    __tracebackhide__ = True
+    return func(*args, **kwargs) if kwargs else func(*args)
+
+
+install.PASS_THROUGH.add(plain_call.__code__)
+
+
+class RecorderMode(install.BlockMode):
+    """The block's function mode: sees every torch call and hands it to its recorder."""
+
+    def __init__(self, recorder: Any) -> None:
+        super().__init__()
+        # The Recorder (typed Any: the recorder module imports this one). None once its block
+        # has ended: a mode torch puts back later only passes calls on.
+        self.recorder: Any = recorder
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if _is_compiling():
+            # torch.compile traces this method into its graph: give it a plain call (our
+            # bookkeeping is not traceable; tracing it breaks the graph and emits warnings).
+            return func(*args, **(kwargs or {}))
+        __tracebackhide__ = True  # IPython leaves the recorder out of the user's traceback
+        if pending:  # an interrupt caught in one of our finalizers: raise it before this call
+            raise_pending()
+        recorder = self.recorder
+        if recorder is None:
+            # Put back on the stack after its block ended (see install.purge_ended_modes), or
+            # left by a block that ended on another thread: its hooks go now.
+            install.remove_stranded_hooks()
+            return func(*args, **(kwargs or {}))
+        # A builtin runs from a stand-in for the caller's frame (C++ warnings land there);
+        # a Python function has its own frame for that. Not under a debugger or tracer (the
+        # stand-in's line would hit the user's breakpoints a second time), nor a profiler (it
+        # would list the stand-in as a function of the user's file).
+        builtin = type(func) is not _PyFunction
+        if builtin and _gettrace() is None and _getprofile() is None:
+            call = recorder._stand_ins.for_frame(_frame(1))
+        else:
+            call = plain_call
+        if types and not _plain_types(types):
+            return recorder._on_subclass(func, args, kwargs or {}, call)
+        if func in PLAIN and not (kwargs and "out" in kwargs):
+            if builtin and not _grad_enabled():
+                # Grad off (an optimizer step, evaluation): a builtin makes no node, saves
+                # nothing and writes nothing, so there is nothing to record.
+                out = call(func, args, kwargs)
+                if recorder.trace.listener is not None:
+                    recorder._notify_listener()
+                return out
+            if not recorder._busy:
+                return recorder._on_plain(func, args, kwargs, call)
+        return recorder._on_call(func, args, kwargs or {}, call)
+
+
+def _plain_types(types: tuple) -> bool:
+    """True when no argument type overrides `__torch_function__` (plain tensors, Parameters)."""
+    return all(t is _Tensor or t is torch.nn.Parameter for t in types)

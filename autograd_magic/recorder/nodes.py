@@ -1,0 +1,223 @@
+"""Autograd nodes of a block: tagged through `node.metadata`, recorded as they are born.
+
+A node cannot be weakly referenced and a strong reference would keep its graph alive, so each new
+node gets a `NodeTag` in its metadata dict; the tag dies with the C++ node and reports that death.
+`NodeRecording` is the part of the recorder that finds new nodes after each op and gives them the
+saved buffers packed during it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from autograd_magic.model.records import BlindspotKind, Site
+from autograd_magic.model.units import ACCUMULATE_GRAD
+from autograd_magic.recorder.deferred import finalizer, hold
+from autograd_magic.recorder.saved import probe_saved
+from autograd_magic.recorder.sites import SiteFinder
+from autograd_magic.recorder.writer import NODES_CREATED, TraceWriter
+
+
+class NodeTag(tuple):
+    """Stored in `node.metadata`; released exactly when the C++ node is destroyed.
+
+    A tuple `(writer_ref, node_id)`: made by tuple's own constructor, with no Python `__init__`
+    to run per node. The writer is weakly held: once the block is over and the recorder gone,
+    a dying node reports to no one.
+    """
+
+    __slots__ = ()
+
+    @property
+    def node_id(self) -> int:
+        return self[1]
+
+    @finalizer
+    def __del__(self) -> None:
+        writer = self[0]()
+        if writer is not None:
+            # As PackedSaved.__del__: never raise, hold an interrupt (see deferred).
+            try:
+                writer.node_died(self[1])
+            except Exception:
+                pass
+            except BaseException as error:
+                hold(error)
+
+
+class NodeRecording:
+    """Mixin of `Recorder`: node discovery and buffer ownership (state set by its `__init__`)."""
+
+    writer: TraceWriter
+    _writer_ref: weakref.ref[TraceWriter]
+    _key: str
+    _sites: SiteFinder
+    _busy: int
+    _call_site: Site | None
+    _next_node_id: int
+    _unowned: list[int]
+    _probe_hits: list[int] | None
+    _sequence_start: int
+
+    def _note_blindspot(self, kind: BlindspotKind, site: Site, message: str) -> None:
+        raise NotImplementedError
+
+    def root_node_ids(self, roots: list[torch.Tensor]) -> list[int]:
+        """The recorded node ids of the roots' `grad_fn`s (recording any not seen yet)."""
+        self._register_outputs(roots, len(self._unowned))
+        key, ids = self._key, []
+        for tensor in roots:
+            grad_fn: Any = tensor.grad_fn
+            tag = None if grad_fn is None else grad_fn.metadata.get(key)
+            if tag is not None:
+                ids.append(tag.node_id)
+        return ids
+
+    def _register_outputs(self, out: Any, mark: int) -> None:
+        key = self._key
+        if isinstance(out, torch.Tensor):
+            grad_fn = grad_fn_of(out)
+            if grad_fn is not None:
+                metadata = grad_fn.metadata
+                if key not in metadata and not self._born_alone(grad_fn, metadata, mark):
+                    self._discover([grad_fn], mark)
+            return
+        if isinstance(out, (tuple, list)):
+            roots = []
+            for item in out:
+                if isinstance(item, torch.Tensor):
+                    grad_fn = grad_fn_of(item)
+                    if grad_fn is not None and key not in grad_fn.metadata:
+                        roots.append(grad_fn)
+            if roots:
+                self._discover(roots, mark)
+
+    def _born_alone(self, node: Any, metadata: dict, mark: int) -> bool:
+        """Fast path for the common op: one new node whose inputs' nodes are all known."""
+        key = self._key
+        next_ids = []
+        for child, _ in node.next_functions:
+            if child is not None:
+                tag = child.metadata.get(key)
+                if tag is None:
+                    return False
+                next_ids.append(tag[1])
+        node_id = self._next_node_id
+        self._next_node_id = node_id + 1
+        metadata[key] = NodeTag((self._writer_ref, node_id))
+        site = self._call_site or self._sites.here(3)
+        writer = self.writer
+        writer.op_node(node_id, type(node).__name__, site, tuple(next_ids))
+        unowned = self._unowned
+        if unowned:
+            if mark == 0:
+                # Everything saved during this op, and one new node (an op's output node is
+                # never AccumulateGrad): it owns them all, as `_assign_buffers` would decide.
+                writer.buffers_owned(unowned, node_id)
+                unowned.clear()
+            else:
+                self._assign_buffers([(node, node_id, None)], mark, site)
+        return True
+
+    def _discover(self, roots: list[Any], mark: int) -> None:
+        """Tag every node reachable from `roots` that this trace has not seen; assign buffers."""
+        writer = self.writer
+        key, writer_ref = self._key, self._writer_ref
+        stack, found = list(roots), []
+        while stack:
+            node = stack.pop()
+            metadata = node.metadata
+            if key in metadata:
+                continue
+            node_id = self._next_node_id
+            self._next_node_id += 1
+            metadata[key] = NodeTag((writer_ref, node_id))
+            next_functions = node.next_functions
+            found.append((node, node_id, next_functions))
+            for child, _ in next_functions:
+                if child is not None:
+                    stack.append(child)
+        site = self._call_site or self._sites.here(2)
+        writer.next_seq()
+        root_ids = {id(root) for root in roots}
+        for node, node_id, next_functions in found:
+            name = type(node).__name__
+            # An op's own output node is new; only deeper nodes may predate the block.
+            existed = (
+                id(node) not in root_ids
+                and name != ACCUMULATE_GRAD
+                and node._sequence_nr() < self._sequence_start
+            )
+            next_ids = tuple(
+                [child.metadata[key][1] for child, _ in next_functions if child is not None]
+            )
+            writer.node_born(node_id, name, site, existed, next_ids)
+            if name == "CompiledFunctionBackward":
+                self._note_blindspot("compiled", site, _COMPILED_MESSAGE)
+        writer.sample(NODES_CREATED, site)
+        if self._unowned:
+            self._assign_buffers(found, mark, site)
+
+    def _assign_buffers(self, found: list[tuple[Any, int, Any]], mark: int, site: Site) -> None:
+        unowned = self._unowned
+        nodes = [(n, i) for n, i, _ in found if type(n).__name__ != ACCUMULATE_GRAD]
+        if mark == 0 and len(nodes) == 1:
+            self.writer.buffers_owned(unowned, nodes[0][1])
+            unowned.clear()
+            return
+        owned: set[int] = set()
+        self._busy += 1
+        try:
+            for node, node_id in nodes:
+                self._probe_hits = hits = list[int]()
+                probe_saved(node)
+                self.writer.buffers_owned(hits, node_id)
+                owned.update(hits)
+        finally:
+            self._probe_hits = None
+            self._busy -= 1
+        unowned[:] = [b for b in unowned if b not in owned][-1000:]
+
+
+_COMPILED_MESSAGE = (
+    "Code compiled with torch.compile ran at line {line}: its inner operations and the tensors "
+    "it saves are hidden inside one CompiledFunctionBackward node."
+)
+
+
+def grad_fn_of(tensor: torch.Tensor) -> Any:
+    """`tensor.grad_fn`, or None where PyTorch refuses to read it: a view made under no_grad and
+    then written in place (`Embedding(padding_idx=...)` does that to its weight). Reading it
+    raises, and the user's own code never reads it. (Any: `metadata` is a dict, not a method.)"""
+    try:
+        return tensor.grad_fn
+    except RuntimeError:
+        return None
+
+
+def current_sequence_nr() -> int:
+    """The autograd sequence number the next node on this thread will get.
+
+    The probe is invisible to the user's function and dispatch modes and runs outside inference
+    mode (where it would make no node)."""
+    if (
+        torch._C._len_torch_dispatch_stack() == 0
+        and torch.is_grad_enabled()
+        and not torch.is_inference_mode_enabled()
+    ):
+        # The common case, without the context managers it does not need (~35 us per block).
+        with torch._C.DisableTorchFunction():
+            probe: Any = torch.zeros((), requires_grad=True).mul(1)
+            return probe.grad_fn._sequence_nr()
+    with (
+        torch._C.DisableTorchFunction(),
+        _disable_current_modes(),
+        torch.inference_mode(False),
+        torch.enable_grad(),
+    ):
+        probe = torch.zeros((), requires_grad=True).mul(1)
+        return probe.grad_fn._sequence_nr()

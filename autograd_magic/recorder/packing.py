@@ -1,0 +1,139 @@
+"""Saved-tensor hooks of a block: each tensor autograd saves becomes a `SavedBuffer` record.
+
+`SavedTensorRecording` is the part of the recorder behind the pack and unpack hooks; the packed
+object (`saved.PackedSaved`) and its traps live in `saved`.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import torch
+
+from autograd_magic.model.records import SavedBuffer
+from autograd_magic.model.trace import Trace
+from autograd_magic.recorder.aliases import AliasTracker
+from autograd_magic.recorder.deferred import pending, raise_pending
+from autograd_magic.recorder.saved import PackedSaved, storage_of
+from autograd_magic.recorder.sites import SiteFinder
+from autograd_magic.recorder.writer import TraceWriter
+
+_TYPE_NAMES: dict[Any, str] = {}
+_SHAPES: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+
+class SavedTensorRecording:
+    """Mixin of `Recorder`: the pack and unpack hooks (state set by its `__init__`)."""
+
+    writer: TraceWriter
+    trace: Trace
+    aliases: AliasTracker
+    _writer_ref: weakref.ref[TraceWriter]
+    _key: str
+    _sites: SiteFinder
+    _busy: int
+    _in_call: bool
+    _call_site: Any
+    _next_buffer_id: int
+    _unowned: list[int]
+    _probe_hits: list[int] | None
+    _pack_hook: Any
+    _sequence_start: int
+    _thread: int
+
+    def _pack(self, tensor: torch.Tensor) -> PackedSaved | torch.Tensor:
+        if pending:
+            raise_pending()
+        if self._pack_hook is None:  # the block has ended; its hooks are stranded (see strand)
+            return tensor
+        self._busy += 1
+        try:
+            buffer_id = self._next_buffer_id
+            self._next_buffer_id = buffer_id + 1
+            packed = PackedSaved(tensor, self._writer_ref, buffer_id, self._is_old(tensor))
+            writer, trace = self.writer, self.trace
+            # Counted as soon as `packed` exists: its finalizer uncounts it.
+            writer.live_buffers += 1
+            packed.storage_key, storage_nbytes = storage_of(tensor)
+            trace.seq += 1
+            site = self._call_site
+            if site is None:
+                site = self._sites.here(1)
+                # One stack walk per torch call, shared by the buffers it saves and its node.
+                if self._in_call:
+                    self._call_site = site
+            is_leaf = packed.is_leaf
+            dtype, device = tensor.dtype, tensor.device
+            buffer = SavedBuffer(
+                buffer_id,
+                None,
+                _interned_shape(tensor),
+                _TYPE_NAMES.get(dtype) or _type_name(dtype),
+                _TYPE_NAMES.get(device) or _type_name(device),
+                packed.nbytes,
+                storage_nbytes,
+                is_leaf,
+                # The leaf test first: Parameter's isinstance check is slow.
+                is_leaf and isinstance(tensor, torch.nn.Parameter),
+                packed.version,
+                trace.seq,
+                site,
+                packed.storage_key,
+            )
+            self.aliases.watch_saved(packed)
+            self._unowned.append(buffer_id)
+            writer.buffer_saved(buffer, packed.storage_key)
+            return packed
+        finally:
+            self._busy -= 1
+
+    def _is_old(self, tensor: torch.Tensor) -> bool:
+        """True when `tensor.grad_fn` is surely not the node saving it (then `tensor` is an input
+        or a leaf, which PyTorch keeps whole): none, already tagged, or made before the block on
+        this thread (sequence numbers are per thread)."""
+        grad_fn: Any = tensor.grad_fn
+        return (
+            grad_fn is None
+            or self._key in grad_fn.metadata
+            or (
+                threading.get_ident() == self._thread
+                and grad_fn._sequence_nr() < self._sequence_start
+            )
+        )
+
+    def _unpack(self, packed: PackedSaved | torch.Tensor) -> torch.Tensor:
+        if not isinstance(packed, PackedSaved):
+            return packed  # packed after the block ended
+        hits = self._probe_hits
+        if hits is not None:
+            hits.append(packed.buffer_id)
+            return packed.tensor
+        self._busy += 1
+        try:
+            return packed.checked_tensor()
+        finally:
+            self._busy -= 1
+
+
+def _type_name(value: Any) -> str:
+    """'float32', 'cpu', 'cuda:0': one shared string per dtype/device (records stay small)."""
+    name = _TYPE_NAMES.get(value)
+    if name is None:
+        name = _TYPE_NAMES[value] = str(value).replace("torch.", "")
+    return name
+
+
+def _interned_shape(tensor: torch.Tensor) -> tuple[int, ...]:
+    try:
+        size = tensor.shape
+    except RuntimeError:  # a strided nested tensor has no single shape
+        return ()
+    # A torch.Size hashes and compares as the tuple it holds: look it up before copying it.
+    shape = _SHAPES.get(size)
+    if shape is None:
+        shape = tuple(size)
+        if len(_SHAPES) < 65_536:
+            _SHAPES[shape] = shape
+    return shape
