@@ -130,12 +130,16 @@ def hf_bert_masked_lm_steps() -> dict[str, Any]:
     return {"losses": losses, **state(model)}
 
 
-@case
-def hf_trainer_gradient_checkpointing() -> dict[str, Any]:
-    """`transformers.Trainer` for 3 steps with gradient checkpointing, on the CPU."""
+def _trainer_steps(**checkpointing: Any) -> dict[str, Any]:
     import transformers
 
     model = _tiny_gpt2()
+    calls = [0]  # user code in the forward: checkpointing runs it again in backward
+
+    def count(*_: Any) -> None:
+        calls[0] += 1
+
+    model.transformer.h[0].mlp.register_forward_pre_hook(count)
     data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 100, (12, 16))]
     with tempfile.TemporaryDirectory() as out:
         args = transformers.TrainingArguments(
@@ -150,6 +154,7 @@ def hf_trainer_gradient_checkpointing() -> dict[str, Any]:
             logging_strategy="no",
             disable_tqdm=True,
             seed=0,
+            **checkpointing,
         )
         trainer = transformers.Trainer(model=model, args=args, train_dataset=data)
         result = trainer.train()
@@ -157,8 +162,22 @@ def hf_trainer_gradient_checkpointing() -> dict[str, Any]:
     return {
         "loss": result.training_loss,
         "checkpointing": model.is_activation_checkpointing,
+        "mlp_forward_calls": calls[0],
         **state(model),
     }
+
+
+@case
+def hf_trainer_gradient_checkpointing() -> dict[str, Any]:
+    """`transformers.Trainer` for 3 steps with gradient checkpointing, on the CPU."""
+    return _trainer_steps()
+
+
+@case
+def hf_trainer_non_reentrant_checkpointing() -> dict[str, Any]:
+    """The same with `use_reentrant=False`: PyTorch's checkpoint then packs every saved
+    tensor with its own hooks and recomputes the forward when one is unpacked."""
+    return _trainer_steps(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 @case

@@ -25,6 +25,7 @@ NEEDS: dict[str, list[tuple[str, ...]]] = {
     "hf_gpt2_steps": [("transformers",)],
     "hf_bert_masked_lm_steps": [("transformers",)],
     "hf_trainer_gradient_checkpointing": [("transformers",), ("accelerate",)],
+    "hf_trainer_non_reentrant_checkpointing": [("transformers",), ("accelerate",)],
     "lightning_fit": [("lightning", "pytorch_lightning")],
     "accelerate_prepare_backward": [("accelerate",)],
     "peft_lora_steps": [("transformers",), ("peft",)],
