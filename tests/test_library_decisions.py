@@ -196,3 +196,75 @@ def test_lazy_modules_initialize_and_train_in_a_block():
     untracked = _outcome(_lazy_modules, tracked=False)
     tracked = _outcome(_lazy_modules, tracked=True)
     assert tracked == untracked
+
+
+# ----- other code's saved-tensor hooks are never run by the recorder ------------------------------
+def _checkpoint_forward_runs(tracked: bool) -> Any:
+    from torch.utils.checkpoint import checkpoint
+
+    runs: list[str] = []
+
+    def body(x: torch.Tensor) -> torch.Tensor:
+        runs.append("forward")
+        return x.exp().sin()
+
+    a = torch.randn(3, requires_grad=True)
+    with _block(tracked):
+        y = checkpoint(body, a, use_reentrant=False)
+        after_forward = len(runs)
+        y.sum().backward()
+        debug = checkpoint(body, a, use_reentrant=False, debug=True)
+        debug.sum().backward()
+    return after_forward, len(runs), _bits(a.grad)
+
+
+class _ClearedOnAccess(torch.autograd.Function):
+    clear_saved_tensors_on_access = True
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return grad * x
+
+
+def _cleared_on_access(tracked: bool) -> Any:
+    a = torch.randn(2, requires_grad=True)
+    with _block(tracked):
+        _ClearedOnAccess.apply(a.exp()).sum().backward()
+    return _bits(a.grad)
+
+
+SAVED_HOOKS = {
+    "checkpoint without reentrant, debug too": _checkpoint_forward_runs,
+    "Function with clear_saved_tensors_on_access": _cleared_on_access,
+}
+
+
+@pytest.mark.parametrize("case", list(SAVED_HOOKS))
+def test_saved_tensors_of_other_hooks_are_not_unpacked_by_the_recorder(case):
+    """GIVEN saved tensors packed by the user's hooks (checkpoint recomputes on unpack) or read at
+    most once WHEN the recorder assigns them to nodes THEN it never unpacks them: the forward runs
+    as often as untracked and backward raises nothing."""
+    assert _outcome(SAVED_HOOKS[case], tracked=True) == _outcome(SAVED_HOOKS[case], tracked=False)
+
+
+def _detached_in_place(tracked: bool) -> Any:
+    a = torch.tensor(1.0, requires_grad=True).clone()
+    with _block(tracked):
+        b = a.sin()
+        a.detach_()
+        b.backward()
+    return "ran"
+
+
+def test_a_saved_input_detached_in_place_is_refused_as_untracked():
+    """GIVEN a saved non-leaf input detached in place WHEN backward unpacks it in a block THEN
+    PyTorch's own error is raised (its check is skipped while saved-tensor hooks are set)."""
+    untracked = _outcome(_detached_in_place, tracked=False)
+    assert "detached in-place" in str(untracked[0])
+    assert _outcome(_detached_in_place, tracked=True) == untracked

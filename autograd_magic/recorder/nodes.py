@@ -9,6 +9,7 @@ saved buffers packed during it.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -62,9 +63,9 @@ class NodeRecording:
     _unowned: list[int]
     _probe_hits: list[int] | None
     _sequence_start: int
-
-    def _note_blindspot(self, kind: BlindspotKind, site: Site, message: str) -> None:
-        raise NotImplementedError
+    # Methods of the other parts of Recorder (annotations only: no attribute is made here).
+    _note_blindspot: Callable[[BlindspotKind, Site, str], None]
+    _unpack: Callable[[Any], torch.Tensor]
 
     def root_node_ids(self, roots: list[torch.Tensor]) -> list[int]:
         """The recorded node ids of the roots' `grad_fn`s (recording any not seen yet)."""
@@ -174,7 +175,7 @@ class NodeRecording:
         try:
             for node, node_id in nodes:
                 self._probe_hits = hits = list[int]()
-                probe_saved(node)
+                probe_saved(node, self._unpack)
                 self.writer.buffers_owned(hits, node_id)
                 owned.update(hits)
         finally:

@@ -26,6 +26,7 @@ class PackedSaved:
         "__weakref__",
         "buffer_id",
         "grad_fn_name",
+        "had_grad_fn",
         "is_leaf",
         "nbytes",
         "output_nr",
@@ -53,7 +54,10 @@ class PackedSaved:
             self.tensor = tensor
             # The error message names a kept tensor's producer as it is then (see below).
             self.grad_fn_name = self.output_nr = None
+            # A kept non-leaf that loses its grad_fn was detached in place: PyTorch refuses it.
+            self.had_grad_fn = tensor.grad_fn is not None
         else:
+            self.had_grad_fn = False
             self.tensor = tensor.detach()
             grad_fn = tensor.grad_fn
             self.grad_fn_name = None if grad_fn is None else grad_fn.name()
@@ -82,6 +86,8 @@ class PackedSaved:
     def checked_tensor(self) -> torch.Tensor:
         """The saved value, raising PyTorch's own error if it was modified in place since saving."""
         __tracebackhide__ = True
+        if self.had_grad_fn and self.tensor.grad_fn is None:
+            raise RuntimeError(_DETACHED_MESSAGE)
         current = self.tensor._version
         if current != self.version:
             raise RuntimeError(self._version_error(current))
@@ -117,6 +123,12 @@ class PackedSaved:
             )
         return message
 
+
+# Same text as torch/csrc/autograd/saved_variable.cpp (which skips the check while hooks are set).
+_DETACHED_MESSAGE = (
+    "Trying to use a saved tensor that has been detached in-place, i.e. with .detach_()."
+    "This is not supported, please use out-of-place `.detach()` instead"
+)
 
 # Scalar types with a legacy tensor type name (`torch.FloatTensor`); PyTorch names the others
 # by backend and scalar type (`CPUBFloat16Type`).
@@ -170,14 +182,21 @@ def saved_attribute_names(node_type: type) -> tuple[str, ...]:
 _PROBED_ATTRS: dict[type, tuple[str, ...]] = {}
 
 
-def probe_saved(node: Any) -> None:
-    """Touch each saved attribute of `node` so the unpack hook can see which buffers it owns."""
+def probe_saved(node: Any, unpack_hook: Any) -> None:
+    """Touch each saved attribute of `node` so `unpack_hook` can see which buffers it owns.
+
+    Only attributes whose tensors `unpack_hook` would unpack are read: reading one packed by
+    other hooks runs their unpack (non-reentrant checkpoint recomputes the user's forward
+    there), and a Function with `clear_saved_tensors_on_access` allows a single read."""
     node_type = type(node)
     names = _PROBED_ATTRS.get(node_type)
     if names is None:
         names = saved_attribute_names(node_type)
     kept = []
     for name in names:
+        if not _unpacked_only_by(node, name, unpack_hook):
+            kept.append(name)
+            continue
         try:
             value = getattr(node, name)
         except Exception:
@@ -187,6 +206,25 @@ def probe_saved(node: Any) -> None:
             kept.append(name)
     if len(kept) != len(names) or node_type not in _PROBED_ATTRS:
         _PROBED_ATTRS[node_type] = tuple(kept)
+
+
+def _unpacked_only_by(node: Any, name: str, unpack_hook: Any) -> bool:
+    """True when reading `node.<name>` runs no unpack hook but `unpack_hook` (or none)."""
+    if name == "saved_tensors":
+        forward = getattr(node, "_forward_cls", None)
+        if getattr(forward, "clear_saved_tensors_on_access", False):
+            return False
+    try:
+        raw = getattr(node, "_raw" + name if name.startswith("_") else "_raw_" + name)
+    except AttributeError:
+        return True  # no SavedTensor behind it: an int, sizes, a scalar
+    except Exception:
+        return False
+    for saved in raw if isinstance(raw, (tuple, list)) else (raw,):
+        hook = None if saved is None else saved.unpack_hook
+        if hook is not None and hook != unpack_hook:
+            return False
+    return True
 
 
 def _holds_no_tensor(value: Any) -> bool:
