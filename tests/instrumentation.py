@@ -3,6 +3,7 @@ before and after)."""
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import torch
@@ -11,8 +12,8 @@ from torch.overrides import _get_current_function_mode_stack
 
 
 def installed() -> tuple:
-    """Function modes, the innermost saved-tensor hooks, global module hooks, and the patched
-    entry points."""
+    """Function modes, the innermost saved-tensor hooks, global module hooks, the patched
+    entry points and import hooks."""
     return (
         len(_get_current_function_mode_stack()),
         torch._C._autograd._top_saved_tensors_default_hooks(False),
@@ -24,4 +25,5 @@ def installed() -> tuple:
         tuple(nn_module._global_forward_pre_hooks),
         tuple(nn_module._global_forward_hooks),
         nn_module._has_any_global_hook,
+        tuple(sys.meta_path),  # the watcher for Dynamo's import (recorder.dynamo)
     )

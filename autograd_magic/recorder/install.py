@@ -21,7 +21,7 @@ import torch.fx.traceback
 from torch.overrides import _get_current_function_mode_stack, _pop_mode, _push_mode
 
 from autograd_magic.model.records import BlindspotKind
-from autograd_magic.recorder import warnings_site
+from autograd_magic.recorder import dynamo, warnings_site
 
 _autograd = torch._C._autograd
 _HOOKS_CLASS = torch.autograd.graph.saved_tensors_hooks
@@ -157,6 +157,7 @@ _DEFAULTS = {
 
 def add_patches(block: Patched) -> None:
     """Route `torch.from_numpy` and user saved-tensor hooks to `block` until `remove_patches`."""
+    dynamo.keep_out()
     for owner, attribute, ours, key in _PATCHES:
         current = getattr(owner, attribute)
         if current is not ours:
@@ -171,6 +172,7 @@ def remove_patches(block: Patched) -> None:
     _active[:] = [ref for ref in _active if ref() is not None and ref() is not block]
     if _active:
         return
+    dynamo.stop_watching()
     for owner, attribute, ours, key in _PATCHES:
         if getattr(owner, attribute) is ours:
             setattr(owner, attribute, _originals.get(key, _DEFAULTS[key]))
