@@ -11,6 +11,11 @@ compiled there is traced with `is_compiling()` true and its guards do not cover 
 our code objects "skip" (`torch._dynamo.eval_frame.skip_code`) keeps Dynamo from compiling them
 as frames of their own while leaving them inlinable.
 
+Dynamo also resolves some torch functions by name, once, the first time it needs them
+(`torch.from_numpy` has a handler keyed by the object found then): resolved while a block has
+its patches in, it would know our wrapper instead of torch's function, in that block and after.
+So it resolves them here, with torch's originals put back for the moment.
+
 Dynamo takes seconds to import, so it is never imported here: the marks are set when a block
 begins with Dynamo loaded, or, while a block runs, right after something imports it.
 """
@@ -28,6 +33,7 @@ _PACKAGE = "autograd_magic"
 _DYNAMO = "torch._dynamo"
 _marked_modules: set[str] = set()
 _modules_seen = 0  # len(sys.modules) at the last scan: a block's start rescans only after imports
+_with_originals: Callable[[Callable[[], None]], None] | None = None
 _code_sources: list[Callable[[], Iterable[CodeType]]] = []
 
 
@@ -48,14 +54,18 @@ def skip_if_loaded(code: CodeType) -> None:
         _skip_code(code)
 
 
-def keep_out() -> None:
-    """Mark the code of every loaded module of the package; with Dynamo not loaded yet, watch
-    for its import instead (until `stop_watching`)."""
-    global _modules_seen
+def keep_out(with_originals: Callable[[Callable[[], None]], None]) -> None:
+    """Mark the code of every loaded module of the package and have Dynamo resolve torch's
+    functions (run by `with_originals`, which puts torch's originals back meanwhile); with
+    Dynamo not loaded yet, watch for its import instead (until `stop_watching`)."""
+    global _modules_seen, _with_originals
+    _with_originals = with_originals
     if not dynamo_loaded():
         if not any(type(finder) is _DynamoImportWatcher for finder in sys.meta_path):
             sys.meta_path.insert(0, _DynamoImportWatcher())
         return
+    if not _names_resolved():
+        with_originals(_resolve_names)
     if len(sys.modules) == _modules_seen:
         return
     _modules_seen = len(sys.modules)
@@ -68,6 +78,33 @@ def keep_out() -> None:
     for source in _code_sources:
         for code in source():
             _skip_code(code)
+
+
+def _names_resolved() -> bool:
+    """True when Dynamo's caches of torch objects found by name are built (its first compile
+    builds them; `torch.distributed` clears them)."""
+    try:
+        from torch._dynamo import trace_rules
+        from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
+
+        return all(
+            cached.cache_info().currsize > 0
+            for cached in (
+                trace_rules.get_torch_obj_rule_map,
+                TorchInGraphFunctionVariable._get_handlers,
+            )
+        )
+    except Exception:  # another torch version: nothing known to resolve
+        return True
+
+
+def _resolve_names() -> None:
+    """Build Dynamo's caches of torch objects found by name (as its first compile would)."""
+    from torch._dynamo import trace_rules
+    from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
+
+    trace_rules.get_torch_obj_rule_map()
+    TorchInGraphFunctionVariable._get_handlers()
 
 
 def stop_watching() -> None:
@@ -144,4 +181,5 @@ class _MarkAfterLoading(importlib.abc.Loader):
         module.__loader__ = module.__spec__.loader = self._loader  # type: ignore[union-attr]
         self._loader.exec_module(module)
         stop_watching()
-        keep_out()
+        if _with_originals is not None:
+            keep_out(_with_originals)
