@@ -24,6 +24,10 @@ CASES = [
     "print_break",
     "item_branch",
     "loop_with_break",
+    "fullgraph_module",
+    "sequential",
+    "module_with_hooks",
+    "compiled_module_hooks_of_its_own",
     "from_numpy_inside",
     "numpy_inside",
     "warns_inside",
@@ -31,7 +35,7 @@ CASES = [
     "dynamic_shapes",
     "recompile_new_shape",
 ]
-INDUCTOR_CASES = ["print_in_loop", "from_numpy_inside", "backward_through"]
+INDUCTOR_CASES = ["print_in_loop", "fullgraph_module", "from_numpy_inside", "backward_through"]
 # Python operators on NumPy arrays inside a compiled function fail to compile under any
 # TorchFunctionMode (Dynamo dispatches them to the mode as tensor ops; `with torch.device(...)`
 # fails the same way: pytorch/pytorch#156162). Tracked raises where untracked runs.
@@ -60,7 +64,7 @@ def digests(tmp_path_factory) -> dict:
     """(backend, side) -> case -> digest, each side in a fresh process."""
     cache = tmp_path_factory.mktemp("inductor_cache")
     plan = {
-        "eager": [*CASES, DYNAMO_MODE_BUG],
+        "eager": [*CASES, DYNAMO_MODE_BUG, "across_blocks"],
         "aot_eager": CASES,
         "inductor": INDUCTOR_CASES,
     }
@@ -96,6 +100,17 @@ def test_numpy_operators_inside_a_compiled_function(digests):
     untracked = digests["eager", "untracked"][DYNAMO_MODE_BUG]
     assert "error" not in untracked
     assert digests["eager", "tracked"][DYNAMO_MODE_BUG] == untracked
+
+
+def test_a_compiled_model_compiles_once_more_for_blocks_not_once_per_block(digests):
+    """GIVEN a compiled model called before, inside and after ten blocks THEN the values are
+    identical and it compiles one graph more than untracked (Dynamo guards the function-mode
+    stack), not one per block: ten would pass its recompile limit and fall back to eager."""
+    untracked = digests["eager", "untracked"]["across_blocks"]
+    tracked = digests["eager", "tracked"]["across_blocks"]
+    assert tracked["value"] == untracked["value"]
+    assert (untracked["graphs"], tracked["graphs"]) == (1, 2)
+    assert tracked["warnings"] == untracked["warnings"] == []
 
 
 _FIRST_COMPILE_IN_BLOCK = """
