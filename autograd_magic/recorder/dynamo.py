@@ -3,13 +3,15 @@
 Dynamo meets the recorder in two ways. Tracing a user function, it inlines what the user's code
 calls: the mode's `__torch_function__`, the global module hooks, the patched entry points. Each
 of those starts with `if torch.compiler.is_compiling():` and then makes the plain call (the
-original object, so Dynamo recognizes it by identity), so the graphs, breaks and guards are the
-ones of untracked code. Running a frame it could not compile (a graph break in a loop), Dynamo
-offers every Python frame called from it for compilation as a frame of its own: a frame of ours
-compiled there is traced with `is_compiling()` true and its guards do not cover what varies
-(`func` in `__torch_function__`), so it silently replays another call's result. Marking each of
-our code objects "skip" (`torch._dynamo.eval_frame.skip_code`) keeps Dynamo from compiling them
-as frames of their own while leaving them inlinable.
+original object, so Dynamo recognizes it by identity): the graphs and breaks are untracked
+code's, and the guards differ only by our mode and hooks being there (the same in every block).
+
+Running a frame it could not compile (a graph break in a loop), Dynamo offers every Python
+frame called from it for compilation as a frame of its own: a frame of ours compiled there is
+traced with `is_compiling()` true and its guards do not cover what varies (`func` in
+`__torch_function__`), so it silently replays another call's result. Marking each of our code
+objects "skip" (`torch._dynamo.eval_frame.skip_code`) keeps Dynamo from compiling them as frames
+of their own while leaving them inlinable.
 
 Dynamo also resolves some torch functions by name, once, the first time it needs them
 (`torch.from_numpy` has a handler keyed by the object found then): resolved while a block has
