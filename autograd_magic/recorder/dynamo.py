@@ -26,12 +26,16 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 from collections.abc import Callable, Iterable
 from types import CodeType, ModuleType
 from typing import Any
 
 _PACKAGE = "autograd_magic"
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# Where a method, property or decorated function keeps the function holding its code.
+_INNER_CALLABLES = ("__func__", "__wrapped__", "fget", "fset", "fdel")
 _DYNAMO = "torch._dynamo"
 _marked_modules: set[str] = set()
 _modules_seen = 0  # len(sys.modules) at the last scan: a block's start rescans only after imports
@@ -121,13 +125,14 @@ def _skip_code(code: CodeType) -> None:
 
 
 def _codes_of_module(module: ModuleType) -> list[CodeType]:
-    """Every code object defined in `module`: functions, methods, properties, nested code."""
+    """Every code object defined in `module`: functions, methods, properties, nested code, and
+    the methods that dataclasses and named tuples generate (file `<string>`)."""
     found: list[CodeType] = []
     seen: set[int] = set()
 
     def add(code: CodeType) -> None:
-        if id(code) in seen:
-            return
+        if id(code) in seen or not code.co_filename.startswith((_PACKAGE_DIR, "<")):
+            return  # a function of torch or the standard library assigned here is not ours
         seen.add(id(code))
         found.append(code)
         for const in code.co_consts:
@@ -135,13 +140,9 @@ def _codes_of_module(module: ModuleType) -> list[CodeType]:
                 add(const)
 
     def add_callable(obj: Any) -> None:
-        inners = (obj, *(getattr(obj, a, None) for a in ("__func__", "__wrapped__", "fget")))
+        inners = (obj, *(getattr(obj, a, None) for a in _INNER_CALLABLES))
         for inner in inners:
             code = getattr(inner, "__code__", None)
-            if isinstance(code, CodeType):
-                add(code)
-        for accessor in ("fset", "fdel"):
-            code = getattr(getattr(obj, accessor, None), "__code__", None)
             if isinstance(code, CodeType):
                 add(code)
 
