@@ -14,7 +14,7 @@ from torch.overrides import _get_current_function_mode_stack
 
 def installed() -> tuple:
     """Function modes, the innermost saved-tensor hooks, global module hooks, the patched
-    entry points, and the unraisable hook."""
+    entry points, the unraisable hook and import hooks."""
     return (
         len(_get_current_function_mode_stack()),
         torch._C._autograd._top_saved_tensors_default_hooks(False),
@@ -29,4 +29,5 @@ def installed() -> tuple:
         tuple(nn_module._global_forward_hooks),
         nn_module._has_any_global_hook,
         sys.unraisablehook,
+        tuple(sys.meta_path),  # the watcher for Dynamo's import (recorder.dynamo)
     )

@@ -265,8 +265,8 @@ def test_the_module_table_shows_identical_repeated_layers_once():
 
 
 def test_an_interrupt_while_module_hooks_are_installed_leaves_none_behind(monkeypatch):
-    """GIVEN a KeyboardInterrupt right after torch registered the block's forward hook (before
-    its handle could be stored) WHEN the block is entered THEN the interrupt reaches the user
+    """GIVEN a KeyboardInterrupt right after the block's forward hook was registered (before
+    it was marked always-called) WHEN the block is entered THEN the interrupt reaches the user
     and no global module hook of ours is left registered."""
     from torch.nn.modules import module as nn_module
 
@@ -274,13 +274,12 @@ def test_an_interrupt_while_module_hooks_are_installed_leaves_none_behind(monkey
         dict(nn_module._global_forward_pre_hooks),
         dict(nn_module._global_forward_hooks),
     )
-    register = nn_module.register_module_forward_hook
 
-    def register_then_interrupt(*args, **kwargs):
-        register(*args, **kwargs)
-        raise KeyboardInterrupt
+    class Interrupting(dict):
+        def __setitem__(self, key, value):
+            raise KeyboardInterrupt
 
-    monkeypatch.setattr(nn_module, "register_module_forward_hook", register_then_interrupt)
+    monkeypatch.setattr(nn_module, "_global_forward_hooks_always_called", Interrupting())
     raised = False
     try:
         with am.track():

@@ -220,6 +220,7 @@ for run in range(RUNS):
         nn_module._global_forward_pre_hooks.clear()
         nn_module._global_forward_hooks.clear()
         modules._OUR_HOOKS.clear()
+        modules._trackers.clear()
         nn_module._has_any_global_hook = modules._original_has_any_global_hook
 signal.signal(signal.SIGALRM, signal.SIG_IGN)
 print(interrupted, left, flush=True)

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from types import CodeType, FrameType, FunctionType, ModuleType
 from typing import Any
 
+from autograd_magic.recorder import dynamo
+
 STAND_IN_NAME = "autograd_magic_call"  # how walks over the stack recognise a stand-in frame
 # One line, so moving `co_firstlineno` moves every instruction onto the caller's line.
 # `__tracebackhide__` keeps the stand-in out of IPython tracebacks.
@@ -45,6 +47,9 @@ _TEMPLATE: CodeType = _without_columns(
 _MAX_SITES = 65_536
 # (file, line) -> template moved there: code objects hold no user data, shared by every block.
 _CODES: dict[tuple[str, int], CodeType] = {}
+
+# Stand-ins run torch calls: Dynamo must never compile one (see `dynamo`).
+dynamo.also_skip(lambda: [_TEMPLATE, *_CODES.values()])
 
 StandIn = Callable[..., Any]
 Position = tuple[int, int]  # (id of the caller's code object, its instruction offset)
@@ -81,6 +86,7 @@ class CallerStandIns:
             if len(_CODES) > _MAX_SITES:
                 _CODES.clear()
             moved = _CODES[where] = _TEMPLATE.replace(co_filename=where[0], co_firstlineno=where[1])
+            dynamo.skip_if_loaded(moved)
         namespace = frame.f_globals
         stand_in = FunctionType(moved, namespace, None, (None, True))
         if _is_module_namespace(namespace):

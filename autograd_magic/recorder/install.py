@@ -30,9 +30,12 @@ from torch.overrides import (
 from torch.utils._device import DeviceContext
 
 from autograd_magic.model.records import BlindspotKind
-from autograd_magic.recorder import deferred, warnings_site
+from autograd_magic.recorder import deferred, dynamo, warnings_site
 
 _autograd = torch._C._autograd
+# Each patch, traced by torch.compile, is the original call and nothing else (see `dynamo`):
+# its first statement, so Dynamo meets no call it cannot trace before it.
+_is_compiling = torch.compiler.is_compiling
 _HOOKS_CLASS = torch.autograd.graph.saved_tensors_hooks
 
 
@@ -64,6 +67,8 @@ def live_blocks() -> list[Patched]:
 
 
 def _from_numpy(array: Any) -> torch.Tensor:
+    if _is_compiling():
+        return _originals["from_numpy"](array)
     tensor = _originals["from_numpy"](array)
     for block in _live_blocks():
         block.from_numpy_made(tensor, array)
@@ -71,6 +76,8 @@ def _from_numpy(array: Any) -> torch.Tensor:
 
 
 def _hooks_enter(hooks: Any) -> Any:
+    if _is_compiling():
+        return _originals["hooks_enter"](hooks)
     for block in _live_blocks():
         block.user_hooks_entered()
     return _originals["hooks_enter"](hooks)
@@ -79,6 +86,8 @@ def _hooks_enter(hooks: Any) -> Any:
 def _hooks_disable(message: str) -> None:
     # PyTorch refuses saved-tensor hooks here (torch.func transforms, user code): ours step
     # aside until hooks are enabled again, and the trace says what it did not see.
+    if _is_compiling():
+        return _originals["hooks_disable"](message)
     if _autograd._saved_tensors_hooks_get_disabled_error_message() is None:
         kind: BlindspotKind = "torch.func" if message.startswith("torch.func") else "hooks-disabled"
         for block in _live_blocks():
@@ -88,6 +97,8 @@ def _hooks_disable(message: str) -> None:
 
 
 def _hooks_enable() -> None:
+    if _is_compiling():
+        return _originals["hooks_enable"]()
     _originals["hooks_enable"]()
     while _suspended:
         block = _suspended.pop(0)()
@@ -97,6 +108,8 @@ def _hooks_enable() -> None:
 
 def _swap_tensors(t1: Any, t2: Any) -> Any:
     # swap_tensors refuses tensors with weak references: the blocks let go of theirs first.
+    if _is_compiling():
+        return _originals["swap_tensors"](t1, t2)
     for block in _live_blocks():
         block.forget(t1)
         block.forget(t2)
@@ -163,6 +176,8 @@ def _unraisable(unraisable: Any) -> None:
 
 def _jit_tracer(name: str) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
+        if _is_compiling():
+            return _originals[name](*args, **kwargs)
         # The tracer records every Python frame on the stack (ours would be baked into the
         # graph and differ between runs): the blocks step aside while it traces.
         resumed = [b for b in _live_blocks() if b.suspend("jit.trace", _JIT_MESSAGE)]
@@ -234,6 +249,7 @@ _DEFAULTS = {
 
 def add_patches(block: Patched) -> None:
     """Route `torch.from_numpy` and user saved-tensor hooks to `block` until `remove_patches`."""
+    dynamo.keep_out(_with_originals)  # before patching: Dynamo must learn the originals
     for owner, attribute, ours, key in _PATCHES:
         current = getattr(owner, attribute)
         if current is not ours:
@@ -243,11 +259,26 @@ def add_patches(block: Patched) -> None:
         _active.append(weakref.ref(block))
 
 
+def _with_originals(run: Callable[[], None]) -> None:
+    """Call `run` with torch's original entry points back in place of the installed patches."""
+    swapped = []
+    try:
+        for owner, attribute, ours, key in _PATCHES:
+            if getattr(owner, attribute) is ours:
+                setattr(owner, attribute, _originals.get(key, _DEFAULTS[key]))
+                swapped.append((owner, attribute, ours))
+        run()
+    finally:
+        for owner, attribute, ours in swapped:
+            setattr(owner, attribute, ours)
+
+
 def remove_patches(block: Patched) -> None:
     """Stop routing to `block`; with no block left, put back what was there (unless replaced)."""
     _active[:] = [ref for ref in _active if ref() is not None and ref() is not block]
     if _active:
         return
+    dynamo.stop_watching()
     for owner, attribute, ours, key in _PATCHES:
         if getattr(owner, attribute) is ours:
             setattr(owner, attribute, _originals.get(key, _DEFAULTS[key]))

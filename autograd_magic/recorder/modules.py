@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.modules import module as nn_module
+from torch.utils.hooks import RemovableHandle
 
 from autograd_magic.recorder.deferred import pending, raise_pending
 
@@ -28,6 +29,32 @@ _OUR_HOOKS: set[int] = set()
 _original_has_any_global_hook = nn_module._has_any_global_hook
 _WRAPPED = "OptimizedModule"  # torch.compile's wrapper: its inner module's call is the real one
 _FIRST_SWEEP = 64  # roots held before dead ones are first dropped
+
+
+# One pair of global hooks serves every tracker, under the same keys in every block:
+# torch.compile guards on these tables' keys, and new keys per block would make compiled code
+# recompile in each block (and fall back to eager past its recompile limit).
+_PRE = RemovableHandle(nn_module._global_forward_pre_hooks)
+_POST = RemovableHandle(
+    nn_module._global_forward_hooks, extra_dict=nn_module._global_forward_hooks_always_called
+)
+_trackers: list[ModuleTracker] = []
+
+
+def _enter_hook(module: Any, args: Any) -> None:
+    # Traced by torch.compile, this is all it sees: our bookkeeping stays out of its graph
+    # (Dynamo cannot trace `_get_ident`, see `dynamo`).
+    if _is_compiling():
+        return
+    for tracker in _trackers:
+        tracker._enter(module, args)
+
+
+def _leave_hook(module: Any, args: Any, output: Any) -> None:
+    if _is_compiling():
+        return
+    for tracker in _trackers:
+        tracker._leave(module, args, output)
 
 
 def _has_any_global_hook_but_ours() -> bool:
@@ -52,37 +79,34 @@ class ModuleTracker:
         self._paths: dict[int, list[tuple[weakref.ref[Any], int, str]]] = {}
         self._next_root = 0
         self._sweep_at = _FIRST_SWEEP
-        self._handles: list[Any] = []
         self._thread = 0
 
     def install(self) -> None:
-        """Register the global hooks (removed by `remove`); they count the calls made on the
+        """Join the global hooks (removed by `remove`); they count the calls made on the
         installing thread only (global hooks see every thread's modules)."""
         self._thread = threading.get_ident()
         nn_module._has_any_global_hook = _has_any_global_hook_but_ours
-        self._handles.append(nn_module.register_module_forward_pre_hook(self._enter))
-        self._handles.append(nn_module.register_module_forward_hook(self._leave, always_call=True))
-        _OUR_HOOKS.update(handle.id for handle in self._handles)
+        if not any(tracker is self for tracker in _trackers):
+            _trackers.append(self)
+        nn_module._global_forward_pre_hooks[_PRE.id] = _enter_hook
+        nn_module._global_forward_hooks[_POST.id] = _leave_hook
+        nn_module._global_forward_hooks_always_called[_POST.id] = True
+        _OUR_HOOKS.update((_PRE.id, _POST.id))
 
     def remove(self) -> None:
-        """Unregister the hooks; the stack is left as it is (a block can end mid-forward)."""
-        for handle in self._handles:
-            handle.remove()
-            _OUR_HOOKS.discard(handle.id)
-        self._handles.clear()
-        # A hook registered just before an interrupt, its handle never stored: found by owner.
-        for table in (nn_module._global_forward_pre_hooks, nn_module._global_forward_hooks):
-            for key, hook in list(table.items()):
-                if getattr(hook, "__self__", None) is self:
-                    del table[key]
-                    _OUR_HOOKS.discard(key)
-                    nn_module._global_forward_hooks_always_called.pop(key, None)
+        """Leave the hooks (the last tracker out removes them); the stack is left as it is (a
+        block can end mid-forward)."""
+        _trackers[:] = [tracker for tracker in _trackers if tracker is not self]
+        if _trackers:
+            return
+        _PRE.remove()
+        _POST.remove()
+        _OUR_HOOKS.difference_update((_PRE.id, _POST.id))
         if not _OUR_HOOKS:  # the last tracker out puts torch's check back
             nn_module._has_any_global_hook = _original_has_any_global_hook
 
     def _enter(self, module: Any, args: Any) -> None:
-        # Traced by torch.compile: our bookkeeping stays out of its graph.
-        if _get_ident() != self._thread or _is_compiling() or type(module).__name__ == _WRAPPED:
+        if _get_ident() != self._thread or type(module).__name__ == _WRAPPED:
             return
         if pending:  # an interrupt caught in one of our finalizers (see deferred)
             raise_pending()
@@ -94,12 +118,7 @@ class ModuleTracker:
         calls[path] = calls.get(path, 0) + 1
 
     def _leave(self, module: Any, args: Any, output: Any) -> None:
-        if (
-            _get_ident() != self._thread
-            or _is_compiling()
-            or type(module).__name__ == _WRAPPED
-            or not self._stack
-        ):
+        if _get_ident() != self._thread or type(module).__name__ == _WRAPPED or not self._stack:
             return
         self._stack.pop()
         self._writer.module = self._stack[-1] if self._stack else None

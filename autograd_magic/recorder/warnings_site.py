@@ -18,6 +18,7 @@ import warnings
 from types import FrameType
 from typing import Any
 
+import torch
 import torch.fx.traceback as torch_fx_traceback
 
 from autograd_magic.recorder.caller import STAND_IN_NAME
@@ -25,6 +26,7 @@ from autograd_magic.recorder.caller import STAND_IN_NAME
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _OVERRIDES = os.path.join("torch", "overrides.py")
 ORIGINAL_WARN = warnings.warn
+_is_compiling = torch.compiler.is_compiling
 
 
 def _is_recorder(frame: FrameType) -> bool:
@@ -56,6 +58,11 @@ def _untracked_level(stacklevel: int) -> int:
 
 def warn(message: Any, category: Any = None, stacklevel: int = 1, source: Any = None) -> None:
     """`warnings.warn`, attributed as untracked (see the module docstring)."""
+    if _is_compiling():
+        # Traced by torch.compile (it must see the original, see `dynamo`), or called by the
+        # compiler itself, with no recorder frame between: only this frame to skip.
+        level = stacklevel + 1 if type(stacklevel) is int else stacklevel
+        return ORIGINAL_WARN(message, category, level, source)
     if type(stacklevel) is int and stacklevel > 1:
         # Never let attribution change whether a warning is raised.
         with contextlib.suppress(Exception):
