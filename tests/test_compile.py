@@ -17,6 +17,9 @@ import pytest
 
 import autograd_magic
 
+# Fresh processes per case: part of CI; `-m "not slow"` leaves them out while developing.
+pytestmark = pytest.mark.slow
+
 HERE = Path(__file__).parent
 ROOT = Path(autograd_magic.__file__).parent.parent  # the package under test, first on the path
 CASES = [

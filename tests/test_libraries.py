@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+# Fresh processes per case: part of CI; `-m "not slow"` leaves them out while developing.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 CASES = REPO / "tests" / "library_cases.py"
 
