@@ -268,3 +268,32 @@ def test_a_saved_input_detached_in_place_is_refused_as_untracked():
     untracked = _outcome(_detached_in_place, tracked=False)
     assert "detached in-place" in str(untracked[0])
     assert _outcome(_detached_in_place, tracked=True) == untracked
+
+
+def _disable_refused_inside_user_hooks(tracked: bool) -> Any:
+    graph = torch.autograd.graph
+    seen = []
+    with _block(tracked):
+        with graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            try:
+                with graph.disable_saved_tensors_hooks("refused"):
+                    pass
+            except RuntimeError as error:
+                seen.append(str(error))
+        # The user's hooks are gone with their context: disabling works now.
+        with graph.disable_saved_tensors_hooks("outer"), graph.disable_saved_tensors_hooks("in"):
+            try:
+                with graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+                    pass
+            except RuntimeError as error:
+                seen.append(str(error))
+    return seen, torch._C._autograd._top_saved_tensors_default_hooks(True) is None
+
+
+def test_a_refused_disable_inside_user_hooks_leaves_the_hook_stack_as_untracked():
+    """GIVEN disable_saved_tensors_hooks refused inside the user's own saved-tensor hooks WHEN it
+    raises in a block THEN the user's hooks leave with their context, as untracked (the recorder
+    put its hooks back above theirs, and their exit popped the recorder's instead)."""
+    untracked = _outcome(_disable_refused_inside_user_hooks, tracked=False)
+    assert untracked[0] == (["refused", "in"], True)
+    assert _outcome(_disable_refused_inside_user_hooks, tracked=True) == untracked

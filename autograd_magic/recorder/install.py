@@ -88,7 +88,8 @@ def _hooks_disable(message: str) -> None:
     # aside until hooks are enabled again, and the trace says what it did not see.
     if _is_compiling():
         return _originals["hooks_disable"](message)
-    if _autograd._saved_tensors_hooks_get_disabled_error_message() is None:
+    if _autograd._saved_tensors_hooks_get_disabled_error_message() is None and not _user_hooks():
+        # (With the user's hooks set, PyTorch refuses to disable: ours stay where they are.)
         kind: BlindspotKind = "torch.func" if message.startswith("torch.func") else "hooks-disabled"
         for block in _live_blocks():
             if block.suspend(kind, DISABLED_MESSAGES[kind]):
@@ -297,6 +298,17 @@ def remove_mode(mode: Any) -> None:
         above.append(top)
     for other in reversed(above):
         _push_mode(other)
+
+
+def _user_hooks() -> bool:
+    """True when saved-tensor hooks other than the blocks' own are on this thread's stack."""
+    popped = []
+    while (top := _autograd._top_saved_tensors_default_hooks(True)) is not None:
+        _autograd._pop_saved_tensors_default_hooks()
+        popped.append(top)
+    for pack_hook, unpack_hook in reversed(popped):
+        _autograd._push_saved_tensors_default_hooks(pack_hook, unpack_hook)
+    return any(not getattr(pack, "__module__", "").startswith(_PACKAGE) for pack, _ in popped)
 
 
 def remove_hooks(pack: Callable[..., Any]) -> None:
