@@ -76,20 +76,26 @@ def _tiny_gpt2(**overrides: Any) -> Any:
     return transformers.GPT2LMHeadModel(config)
 
 
+def _language_model_steps(model: Any, optimizer: Any, steps: int = 3) -> list[torch.Tensor]:
+    """`steps` optimizer steps of next-token loss on one random batch; the losses."""
+    ids = torch.randint(0, 100, (4, 16))
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+    return losses
+
+
 @case
 def hf_gpt2_steps() -> dict[str, Any]:
     """GPT-2 language model, dropout on (train mode), 3 AdamW steps."""
     model = _tiny_gpt2()
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ids = torch.randint(0, 100, (4, 16))
-    losses = []
-    for _ in range(3):
-        optimizer.zero_grad()
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.detach())
+    losses = _language_model_steps(model, optimizer)
     try:  # a token id past the vocabulary: the embedding's own error must come through as is
         model(input_ids=torch.tensor([[100]]))
         raised = None
@@ -254,14 +260,7 @@ def peft_lora_steps() -> dict[str, Any]:
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-2)
-    ids = torch.randint(0, 100, (4, 16))
-    losses = []
-    for _ in range(3):
-        optimizer.zero_grad()
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.detach())
+    losses = _language_model_steps(model, optimizer)
     return {"losses": losses, "trainable": len(trainable), **state(model)}
 
 
