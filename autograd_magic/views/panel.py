@@ -261,7 +261,8 @@ class TracePanel:
             self.node_details.value = ""
             return
         box = view.boxes[index]
-        records = [r for r in (self.trace.node(m) for m in box.members) if r is not None]
+        by_id = {n.id: n for n in self.trace.nodes}
+        records = [r for r in (by_id.get(m) for m in box.members) if r is not None]
         born = sorted({r.born_site.describe() for r in records})
         freed = sorted({r.freed_site.describe() for r in records if r.freed_site is not None})
         facts = [

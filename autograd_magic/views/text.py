@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import re
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from autograd_magic.analysis.layout import graph_view
-from autograd_magic.model.records import BackwardCall, SavedBuffer, VersionBump
+from autograd_magic.model.records import BackwardCall, NodeRecord, SavedBuffer, VersionBump
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import format_bytes, where
 from autograd_magic.views.graph_table import graph_table
@@ -176,14 +176,14 @@ def _lines(lines: Iterable[int]) -> str:
     return ("line " if len(items) == 1 else "lines ") + ", ".join(str(n) for n in items)
 
 
-def _node_name(trace: Trace, node_id: int | None) -> str:
-    node = None if node_id is None else trace.node(node_id)
+def _node_name(nodes: Mapping[int, NodeRecord], node_id: int | None) -> str:
+    node = None if node_id is None else nodes.get(node_id)
     return "?" if node is None else f"{node.name}#{node.id}"
 
 
-def _saved_by(trace: Trace, node_id: int | None) -> str:
+def _saved_by(nodes: Mapping[int, NodeRecord], node_id: int | None) -> str:
     """A readable label for a saved tensor no user variable names: `saved by addmm`."""
-    node = None if node_id is None else trace.node(node_id)
+    node = None if node_id is None else nodes.get(node_id)
     if node is None:
         return "saved tensor"
     op = node.name.removesuffix("Backward0").removesuffix("Backward1").removesuffix("Backward")
@@ -201,12 +201,13 @@ def buffer_table(trace: Trace, node_ids: set[int] | None = None) -> Table:
     Tensors alike in all but their node (a loop's steps, repeated layers) share one row:
     'AddmmBackward0 (x1,000)'. A module column appears when the block ran modules."""
     with_module = any(b.module for b in trace.buffers)
+    nodes = {n.id: n for n in trace.nodes}
     # Group on the raw fields first (formatting 100,000 rows is the slow part), then on the
     # rows as shown: different raw fields can read the same.
     raw: dict[tuple, list[SavedBuffer]] = {}
     for b in trace.buffers:
         if node_ids is None or b.node_id in node_ids:
-            node = None if b.label or b.node_id is None else trace.node(b.node_id)
+            node = None if b.label or b.node_id is None else nodes.get(b.node_id)
             name = b.label or (node.name if node is not None else "")
             fields = (
                 name,
@@ -225,7 +226,7 @@ def buffer_table(trace: Trace, node_ids: set[int] | None = None) -> Table:
     groups: dict[tuple[str, ...], list[SavedBuffer]] = {}
     labels: dict[tuple[str, ...], set[str]] = {}
     for members in raw.values():  # `saved by add` for AddBackward0 and AddBackward1 alike
-        row = _buffer_row(trace, members[0], with_node=False)
+        row = _buffer_row(nodes, members[0], with_node=False)
         # Repeated layers' tensors (`layers.0.w`, `layers.1.w`) share a row too.
         key = (row[0], _pattern(row[1]), *row[2:], _pattern(members[0].module or ""))
         groups.setdefault(key, []).extend(members)
@@ -234,9 +235,9 @@ def buffer_table(trace: Trace, node_ids: set[int] | None = None) -> Table:
     rows = []
     for key, members in ordered[:MAX_TABLE_ROWS]:
         if len(members) == 1:
-            row = _buffer_row(trace, members[0], with_node=True)
+            row = _buffer_row(nodes, members[0], with_node=True)
         else:
-            node = trace.node(members[0].node_id) if members[0].node_id is not None else None
+            node = _node(nodes, members[0].node_id)
             name = "?" if node is None else node.name
             shown = labels[key]
             label = next(iter(shown)) if len(shown) == 1 else key[1]
@@ -259,11 +260,17 @@ def buffer_table(trace: Trace, node_ids: set[int] | None = None) -> Table:
     return Table("Saved tensors", headers, tuple(rows), note)
 
 
-def _buffer_row(trace: Trace, b: SavedBuffer, with_node: bool) -> tuple[str, ...]:
-    node = _node_name(trace, b.node_id) if with_node else ""
+def _node(nodes: Mapping[int, NodeRecord], node_id: int | None) -> NodeRecord | None:
+    return None if node_id is None else nodes.get(node_id)
+
+
+def _buffer_row(
+    nodes: Mapping[int, NodeRecord], b: SavedBuffer, with_node: bool
+) -> tuple[str, ...]:
+    node = _node_name(nodes, b.node_id) if with_node else ""
     return (
         node,
-        b.label or _saved_by(trace, b.node_id),
+        b.label or _saved_by(nodes, b.node_id),
         "x".join(str(d) for d in b.shape) or "scalar",
         b.dtype,
         b.device,

@@ -15,9 +15,9 @@ from autograd_magic.analysis.findings.growth import (
     graph_growth,
     retained_graph,
 )
-from autograd_magic.analysis.findings.index import RecordIndex
 from autograd_magic.analysis.findings.lifetime import kept_alive, unused_graph
 from autograd_magic.analysis.findings.writes import data_bypass, inplace_on_saved, shared_write
+from autograd_magic.analysis.index import RecordIndex
 from autograd_magic.model.records import FindingKind
 from autograd_magic.model.trace import Trace
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 from collections import Counter
 
 from autograd_magic.analysis.findings.facts import Fact
-from autograd_magic.analysis.findings.index import FREED_TWICE, RecordIndex, retained_bytes_of
 from autograd_magic.analysis.findings.lifetime import holder_group, root_name
 from autograd_magic.analysis.findings.source import reads_itself
+from autograd_magic.analysis.index import RecordIndex, retained_bytes_of
 from autograd_magic.model.records import BackwardCall, NodeRecord, Site
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import ACCUMULATE_GRAD, cell_line
+
+FREED_TWICE = "backward through the graph a second time"  # PyTorch's error for it
 
 
 # ----- graph-growth -----------------------------------------------------------------------

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import Counter
 
 from autograd_magic.analysis.findings.facts import Fact
-from autograd_magic.analysis.findings.index import RecordIndex, retained_bytes_of
 from autograd_magic.analysis.findings.source import store_site
+from autograd_magic.analysis.index import RecordIndex, retained_bytes_of
 from autograd_magic.model.records import NodeRecord
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import ACCUMULATE_GRAD, cell_line

@@ -6,10 +6,9 @@ from __future__ import annotations
 import re
 
 from autograd_magic.analysis.findings.facts import Fact, SavedBy
-from autograd_magic.analysis.findings.index import RecordIndex
 from autograd_magic.analysis.findings.source import is_step_call, stepped_object
+from autograd_magic.analysis.index import RecordIndex
 from autograd_magic.model.records import VersionBump
-from autograd_magic.model.storage import storage_groups
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import cell_line
 
@@ -19,7 +18,7 @@ _LAYER = re.compile(r"(?<=\.)\d+(?=\.|$)")  # a layer number in a module path: `
 def saved_by(graph: RecordIndex, bumps: list[VersionBump]) -> tuple[SavedBy, tuple[int, ...]]:
     """Who saved the buffers `bumps` hit, and those buffers' ids."""
     hit = [i for bump in bumps for i in bump.hit_buffers]
-    buffers = [b for b in map(graph.trace.buffer, hit) if b is not None]
+    buffers = [b for b in map(graph.buffer, hit) if b is not None]
     owners = sorted({n.name for b in buffers if b.node_id and (n := graph.node(b.node_id))})
     lines = tuple(sorted({cell_line(b.saved_site) for b in buffers}))
     modules = sorted({b.module for b in buffers if b.module})
@@ -83,7 +82,7 @@ def _optimizer_step(
 def shared_write(trace: Trace, graph: RecordIndex) -> list[Fact]:
     """In-place writes that also change another live tensor or array sharing the memory."""
     how: dict[str, str] = {}
-    for group in storage_groups(trace):
+    for group in trace.storage_groups():
         how.update(group.how)
     facts, seen = [], set()
     for bump in trace.version_bumps:

@@ -1,4 +1,5 @@
-"""`RecordIndex`: the indexes over a trace's records that several analyses share."""
+"""`RecordIndex`: records by id and the walks over recorded edges, built once per analysis or
+render from a trace (the trace itself keeps no index)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,15 @@ from collections.abc import Container, Iterable
 from autograd_magic.model.records import NodeRecord, SavedBuffer
 from autograd_magic.model.trace import Trace
 
-FREED_TWICE = "backward through the graph a second time"
-
 
 class RecordIndex:
-    """Buffers by node, backward calls by sequence, and walks over the recorded edges."""
+    """Nodes and buffers by id, buffers by node, backward calls by sequence, and walks over the
+    recorded edges. Read-only: build a new one for a trace that changed."""
 
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
+        self.nodes: dict[int, NodeRecord] = {n.id: n for n in trace.nodes}
+        self.buffers: dict[int, SavedBuffer] = {b.id: b for b in trace.buffers}
         self.buffers_by_node: dict[int, list[SavedBuffer]] = {}
         for buffer in trace.buffers:
             if buffer.node_id is not None:
@@ -31,7 +33,7 @@ class RecordIndex:
         seen: set[int] = set()
         stack = list(roots)
         while stack:
-            node = self.trace.node(stack.pop())
+            node = self.nodes.get(stack.pop())
             if node is None or node.id in seen or not node.alive:
                 continue
             seen.add(node.id)
@@ -44,7 +46,7 @@ class RecordIndex:
         stack = [root_id]
         while stack:
             node_id = stack.pop()
-            node = self.trace.node(node_id) if node_id in allowed else None
+            node = self.nodes.get(node_id) if node_id in allowed else None
             if node is None or node_id in seen:
                 continue
             seen.add(node_id)
@@ -57,9 +59,13 @@ class RecordIndex:
             b for n in node_ids for b in self.buffers_by_node.get(n, ()) if not live or not b.freed
         ]
 
-    def node(self, node_id: int) -> NodeRecord | None:
-        """The record of a node by id."""
-        return self.trace.node(node_id)
+    def node(self, node_id: int | None) -> NodeRecord | None:
+        """The record of a node by id (None when unknown or beyond the record cap)."""
+        return None if node_id is None else self.nodes.get(node_id)
+
+    def buffer(self, buffer_id: int) -> SavedBuffer | None:
+        """The record of a saved buffer by id (None when beyond the record cap)."""
+        return self.buffers.get(buffer_id)
 
 
 def retained_bytes_of(buffers: Iterable[SavedBuffer]) -> int:
