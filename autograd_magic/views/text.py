@@ -6,13 +6,13 @@ The panel lowers the same `Sentence`s and `Table`s to HTML, so text and widget a
 from __future__ import annotations
 
 import re
-import weakref
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
-from autograd_magic.analysis.layout import graph_view
+from autograd_magic.analysis.layout import GraphView, graph_view
 from autograd_magic.model.records import BackwardCall, NodeRecord, SavedBuffer, VersionBump
 from autograd_magic.model.trace import Trace
-from autograd_magic.model.units import format_bytes, where
+from autograd_magic.model.units import format_bytes, layer_pattern, where
 from autograd_magic.views.graph_table import graph_table
 from autograd_magic.views.modules import module_table, top_modules_text
 from autograd_magic.views.tables import (
@@ -350,8 +350,6 @@ def versions_table(trace: Trace) -> Table:
     return Table("Version bumps", headers, tuple(rows[:MAX_TABLE_ROWS]), cut_note(len(rows)))
 
 
-# A layer number inside a path (`layers.3.` or `h.3]`): repeated layers share a row.
-_LAYER_INDEX = re.compile(r"(?<=\.)\d+(?=[.\[\]]|$)")
 # One optimizer step writes the same state entry of every parameter: one row per entry.
 _OPTIMIZER_STATE = re.compile(r"\.state\[.*\]\[('[^']*')\]$")
 _UNNAMED = re.compile(r"^tensor#\d+$")
@@ -370,7 +368,7 @@ def _merged_or_split(bumps: list[VersionBump]) -> list[tuple[str, list[VersionBu
 
 def _pattern(label: str) -> str:
     """`model.layers.*.weight`, `opt.state[*]['exp_avg']`, `tensor#*`: what repeats shares a row."""
-    label = _OPTIMIZER_STATE.sub(r".state[*][\1]", _LAYER_INDEX.sub("*", label))
+    label = _OPTIMIZER_STATE.sub(r".state[*][\1]", layer_pattern(label))
     return _UNNAMED.sub("tensor#*", label)
 
 
@@ -395,36 +393,54 @@ def _natural(label: str) -> tuple:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", label))
 
 
-_TABLES: weakref.WeakKeyDictionary[Trace, tuple[tuple, list[Table]]] = weakref.WeakKeyDictionary()
+@dataclass(frozen=True)
+class ReportTables:
+    """The report's tables by name, built once per render of a trace (`report_tables`); every
+    renderer picks them by name, so no renderer depends on another's order."""
 
+    modules: Table
+    buffer_totals: Table
+    buffers: Table
+    storage: Table
+    versions: Table
 
-def report_tables(trace: Trace) -> list[Table]:
-    """The report's tables: modules, saved-tensor totals and rows, storage, versions. Built once
-    per state of the trace (the panel, its static copy and the text report share them)."""
-    asked = (
-        len(trace.nodes),
-        len(trace.buffers),
-        len(trace.links),
-        len(trace.version_bumps),
-        trace.finished,
-    )
-    last = _TABLES.get(trace)
-    if last is None or last[0] != asked:
-        tables = [
-            module_table(trace),
-            buffer_totals(trace),
-            buffer_table(trace),
-            storage_table(trace),
-            versions_table(trace),
+    @property
+    def versions_flag(self) -> int:
+        """The versions table's column whose non-empty cells are flagged (its warnings)."""
+        return self.versions.headers.index("warning")
+
+    def flagged(self) -> list[tuple[Table, int | None]]:
+        """The tables in page order, each with the column whose non-empty cells are flagged."""
+        return [
+            (self.modules, None),
+            (self.buffer_totals, None),
+            (self.buffers, None),
+            (self.storage, None),
+            (self.versions, self.versions_flag),
         ]
-        _TABLES[trace] = last = (asked, tables)
-    return last[1]
 
 
-def render_text(trace: Trace, tables: bool = True) -> str:
+def report_tables(trace: Trace) -> ReportTables:
+    """The report's tables: modules, saved-tensor totals and rows, storage, versions."""
+    return ReportTables(
+        modules=module_table(trace),
+        buffer_totals=buffer_totals(trace),
+        buffers=buffer_table(trace),
+        storage=storage_table(trace),
+        versions=versions_table(trace),
+    )
+
+
+def render_text(
+    trace: Trace,
+    tables: bool = True,
+    named: ReportTables | None = None,
+    view: GraphView | None = None,
+) -> str:
     """The whole report as plain text: summary, sentences, backward calls (grouped by line) and,
     unless `tables` is False, the graph's boxes and every table, each cut to `TEXT_TABLE_ROWS`
-    rows with a note."""
+    rows with a note. `named` and `view` pass tables and a default graph view a caller already
+    built for the same trace (the panel's fallbacks)."""
     state = "error" if trace.error else ("finished" if trace.finished else "running")
     parts = [f"autograd_magic trace ({state})"]
     parts.append("\n".join(f"  {label}: {value}" for label, value in summary_items(trace)))
@@ -436,9 +452,11 @@ def render_text(trace: Trace, tables: bool = True) -> str:
         parts.append("Backward calls:\n" + "\n".join(f"  - {s.text}" for s in calls))
     if not tables:
         return "\n\n".join(parts) + "\n"
-    shown = report_tables(trace)
+    named = named or report_tables(trace)
+    shown = [named.modules]
     if trace.nodes:
-        shown = [shown[0], graph_table(graph_view(trace)), *shown[1:]]
+        shown.append(graph_table(view or graph_view(trace)))
+    shown += [named.buffer_totals, named.buffers, named.storage, named.versions]
     for table in shown:
         parts.append(table_text(capped(table, TEXT_TABLE_ROWS)))
     return "\n\n".join(parts) + "\n"

@@ -3,16 +3,12 @@ shared-write and data-bypass."""
 
 from __future__ import annotations
 
-import re
-
 from autograd_magic.analysis.findings.facts import Fact, SavedBy
 from autograd_magic.analysis.findings.source import is_step_call, stepped_object
 from autograd_magic.analysis.index import RecordIndex
 from autograd_magic.model.records import VersionBump
 from autograd_magic.model.trace import Trace
-from autograd_magic.model.units import cell_line
-
-_LAYER = re.compile(r"(?<=\.)\d+(?=\.|$)")  # a layer number in a module path: `h.3.attn`
+from autograd_magic.model.units import cell_line, layer_pattern
 
 
 def saved_by(graph: RecordIndex, bumps: list[VersionBump]) -> tuple[SavedBy, tuple[int, ...]]:
@@ -23,7 +19,7 @@ def saved_by(graph: RecordIndex, bumps: list[VersionBump]) -> tuple[SavedBy, tup
     lines = tuple(sorted({cell_line(b.saved_site) for b in buffers}))
     modules = sorted({b.module for b in buffers if b.module})
     if len(modules) >= 3:  # repeated layers read as one; a Sequential's two children do not
-        modules = sorted({_LAYER.sub("*", m) for m in modules})
+        modules = sorted({layer_pattern(m) for m in modules})
     return SavedBy(tuple(owners), tuple(modules), lines), tuple(b.id for b in buffers)
 
 
