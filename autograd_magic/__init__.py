@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from autograd_magic.analysis.findings import analyze
 from autograd_magic.model.records import (
     AliasLink,
     BackwardCall,
@@ -25,6 +24,7 @@ from autograd_magic.model.records import (
 )
 from autograd_magic.model.trace import Trace
 from autograd_magic.recorder.core import Recorder
+from autograd_magic.views.wording import analyze
 
 __version__ = "0.1.0"
 

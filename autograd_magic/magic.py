@@ -1,7 +1,9 @@
 """The `%%trackgraph` cell magic: options, running the cell under the recorder, display.
 
-Thin by design: the recorder records, `report`/`panel` render; this module decides what is shown
-and makes a failing cell fail exactly like a normal one, after showing what was recorded.
+Thin by design: the recorder (`autograd_magic.track`) records, `views.panel` and `views.text`
+render; this module decides what is shown and makes a failing cell fail exactly like a normal
+one, after showing what was recorded. It also holds the await transformer (`await_cells`) that
+runs a cell with top-level `await` on the cell's own event loop.
 """
 
 from __future__ import annotations

@@ -11,8 +11,10 @@ import torch.nn.functional as F
 from markers import marker_lines
 
 import autograd_magic as am
-from autograd_magic.analysis.findings import KINDS, analyze
+from autograd_magic.analysis.findings import KINDS, find_facts
+from autograd_magic.model.records import BackwardCall, Holder, NodeRecord, SavedBuffer, Site
 from autograd_magic.model.units import format_bytes
+from autograd_magic.views.wording import analyze
 
 line_of = marker_lines(__file__)
 
@@ -59,6 +61,84 @@ def test_inference_under_no_grad_has_no_findings(model):
             out = model(torch.randn(4, 8))
     assert out.shape == (4, 1)
     assert trace.findings == []
+
+
+# ----- hand-made records: no recorder runs ------------------------------------------------
+def _site(line: int) -> Site:
+    return Site("<cell>", line)
+
+
+def _backward(
+    seq: int, reached: tuple[int, ...] = (), retain: bool = False, **fields
+) -> BackwardCall:
+    return BackwardCall("backward", seq, _site(6), retain, False, reached=reached, **fields)
+
+
+def test_facts_from_handmade_records_name_a_running_total():
+    """GIVEN records of `total_loss += loss` over two iterations (two AddBackward0 nodes built at
+    line 5, each after a backward) WHEN analysed THEN one kept-alive fact names the holder, the
+    line that built the chain, the iterations spanned and the nodes, and its wording says so."""
+    nodes = [
+        NodeRecord(1, "MseLossBackward0", 5, _site(3), reached_by=0),
+        NodeRecord(2, "AddBackward0", 11, _site(5), next_ids=(1,)),
+        NodeRecord(3, "MseLossBackward0", 15, _site(3), reached_by=1),
+        NodeRecord(4, "AddBackward0", 21, _site(5), next_ids=(2, 3)),
+    ]
+    trace = am.Trace.from_records(
+        nodes,
+        backward_calls=[_backward(10), _backward(20)],
+        holders=[Holder("total_loss", 4)],
+        finished=True,
+    )
+    [fact] = find_facts(trace)
+    assert (fact.kind, fact.form, fact.holder, fact.line) == (
+        "kept-alive",
+        "chain",
+        "total_loss",
+        5,
+    )
+    assert fact.built == _site(5) and fact.iterations == 2 and fact.node_ids == (1, 2, 3, 4)
+    assert fact.cause is None
+    [finding] = analyze(trace)
+    assert finding.message.startswith(
+        "`total_loss` keeps every iteration's graph alive: line 5 adds each new result to it, "
+        "so 2 iterations' graphs (4 nodes) are chained together and never freed."
+    )
+
+
+def test_a_consequence_fact_links_to_its_root_cause():
+    """GIVEN records of `h = tanh(h + x)` carried into a second iteration whose backward (with
+    retain_graph=True) walked the first iteration's node WHEN analysed THEN graph-growth comes
+    first and the retained-graph fact's cause is that very fact; the wording names `h`."""
+    nodes = [
+        NodeRecord(1, "TanhBackward0", 5, _site(4), reached_by=0),
+        NodeRecord(2, "TanhBackward0", 15, _site(4), next_ids=(1,), reached_by=1),
+        NodeRecord(3, "SumBackward0", 16, _site(5), next_ids=(2,), reached_by=1),
+    ]
+    buffers = [
+        SavedBuffer(1, 1, (32, 32), "float32", "cpu", 4096, 4096, False, False, 0, 4, _site(4))
+    ]
+    calls = [
+        _backward(10, (1,), retain=True),
+        _backward(20, (3, 2, 1), retain=True, earlier_nodes=1, root_ids=(3,)),
+    ]
+    trace = am.Trace.from_records(
+        nodes, buffers, backward_calls=calls, holders=[Holder("h", 2)], finished=True
+    )
+    growth, retained = find_facts(trace)
+    assert (growth.kind, growth.holder, growth.line, growth.iterations) == (
+        "graph-growth",
+        "h",
+        4,
+        2,
+    )
+    assert retained.kind == "retained-graph" and retained.cause is growth
+    assert retained.nbytes == 4096 and retained.buffer_ids == (1,)
+    words = analyze(trace)
+    assert words[1].message.startswith(
+        "Because `h` carries the previous iteration's graph (line 4, the first finding), "
+    )
+    assert "`h = h.detach()`" in words[0].message
 
 
 # ----- kept-alive ------------------------------------------------------------------------

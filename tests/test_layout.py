@@ -1,7 +1,7 @@
 """The package layout is the pipeline: model <- recorder, model <- analysis <- views <- top.
 
 Checked on the source itself (every `import` of an `autograd_magic` module, including imports
-inside functions; only `if TYPE_CHECKING:` blocks are skipped), and by importing in a fresh
+inside functions and under `if TYPE_CHECKING:`, with no exemption), and by importing in a fresh
 process to see which heavy libraries load.
 """
 
@@ -35,22 +35,11 @@ def layer(module: str) -> str:
     return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in ALLOWED) else "top"
 
 
-def _type_checking_only(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def imports_of(path: Path) -> set[str]:
-    """Every autograd_magic module `path` imports at run time."""
+    """Every autograd_magic module `path` imports, at run time or for type checking."""
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _type_checking_only(node):
-            for child in node.orelse:
-                visit(child)
-            return
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("autograd_magic"))
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("autograd_magic"):

@@ -5,18 +5,16 @@ nodes outside modules, one box per node merged by repeated structure and line wh
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from autograd_magic.model.records import NodeRecord
 from autograd_magic.model.trace import Trace
-from autograd_magic.model.units import ACCUMULATE_GRAD
+from autograd_magic.model.units import ACCUMULATE_GRAD, LAYER_INDEX
 
 OPS = -1  # the depth that shows every op, modules or not
 READABLE_BOXES = 40  # the automatic depth is the deepest whose boxes all fit labelled
 STRUCTURE_DEPTH = 3
-_INDEX = re.compile(r"\.(\d+)(?=\.|$)")
 
 Key = Callable[[NodeRecord], Hashable]
 
@@ -174,11 +172,11 @@ def _merge_repeats(paths: set[str], budget: int) -> dict[str, str]:
     while len(set(shown.values())) > budget and size < 2 * max(len(paths), 1):
         runs: dict[tuple[str, int, str], list[tuple[int, str]]] = {}
         for path in paths:
-            match = _INDEX.search(path)
+            match = LAYER_INDEX.search(path)
             if match is None:
                 continue
-            index = int(match.group(1))
-            head, tail = path[: match.start()], path[match.end() :]
+            index = int(match.group(0))
+            head, tail = path[: match.start() - 1], path[match.end() :]  # the dot left out
             runs.setdefault((head, index // size, tail), []).append((index, path))
         for (head, _, tail), members in runs.items():
             low, high = min(members)[0], max(members)[0]

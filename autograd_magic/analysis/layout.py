@@ -7,7 +7,6 @@ a `GraphView`, they do not lay it out.
 from __future__ import annotations
 
 import itertools
-import weakref
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
@@ -62,22 +61,13 @@ class GraphView:
     max_depth: int = 0
 
 
-# The last view of each trace: the panel, its static copy and the text report ask for the same.
-_LAST: weakref.WeakKeyDictionary[Trace, tuple[tuple, GraphView]] = weakref.WeakKeyDictionary()
-
-
 def graph_view(
     trace: Trace, max_nodes: int = DEFAULT_MAX_NODES, depth: int | None = None
 ) -> GraphView:
     """Lay out the recorded graph in at most `max_nodes` boxes: one per module at `depth` when
-    the trace has module paths (None: the deepest that stays readable; `OPS`: every op)."""
-    asked = (len(trace.nodes), len(trace.buffers), trace.finished, max_nodes, depth)
-    last = _LAST.get(trace)
-    if last is not None and last[0] == asked:
-        return last[1]
-    view = _graph_view(trace, max_nodes, depth)
-    _LAST[trace] = (asked, view)
-    return view
+    the trace has module paths (None: the deepest that stays readable; `OPS`: every op).
+    Computed on each call: a renderer that shows it twice keeps the view it built."""
+    return _graph_view(trace, max_nodes, depth)
 
 
 def _graph_view(trace: Trace, max_nodes: int, depth: int | None) -> GraphView:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from autograd_magic.model.records import (
@@ -33,23 +34,22 @@ from autograd_magic.model.validate import (
 if TYPE_CHECKING:
     import networkx
 
-    from autograd_magic.model.trace import Trace
-
 FORMAT = "autograd_magic.trace"
 FORMAT_VERSION = 2  # 2: records carry `module`; module_calls and module_types added
 READABLE_VERSIONS = (1, 2)  # a version-1 export reads as a trace without module attribution
 
 
-def to_networkx(trace: Trace) -> networkx.DiGraph:
+def to_networkx(nodes: Iterable[NodeRecord], buffers: Iterable[SavedBuffer]) -> networkx.DiGraph:
     """Nodes keyed by id (name, alive, born/freed lines, saved bytes); edges node -> next."""
     import networkx  # loaded when a graph is first asked for, not with the package
 
+    nodes = list(nodes)
     saved: dict[int, int] = {}
-    for buffer in trace.buffers:
+    for buffer in buffers:
         if buffer.node_id is not None:
             saved[buffer.node_id] = saved.get(buffer.node_id, 0) + buffer.nbytes
     graph = networkx.DiGraph()
-    for node in trace.nodes:
+    for node in nodes:
         graph.add_node(
             node.id,
             name=node.name,
@@ -59,7 +59,7 @@ def to_networkx(trace: Trace) -> networkx.DiGraph:
             saved_bytes=saved.get(node.id, 0),
             existed_before=node.existed_before,
         )
-    for node in trace.nodes:
+    for node in nodes:
         for child in node.next_ids:
             if child in graph:
                 graph.add_edge(node.id, child)
@@ -102,19 +102,20 @@ def _plain(record: Any) -> dict[str, Any]:
     return out
 
 
-def trace_to_json(trace: Trace) -> str:
-    """Serialize every record and counter of `trace`."""
+def trace_to_json(fields: Mapping[str, Any]) -> str:
+    """Serialize every record and counter of a trace, given its fields by name (`vars(trace)`)."""
     document: dict[str, Any] = {"format": FORMAT, "version": FORMAT_VERSION}
-    document.update({name: getattr(trace, name) for name in _SCALARS})
-    document["error_site"] = None if trace.error_site is None else _plain(trace.error_site)
+    document.update({name: fields[name] for name in _SCALARS})
+    site = fields["error_site"]
+    document["error_site"] = None if site is None else _plain(site)
     for name in _LISTS:
-        document[name] = [_plain(r) for r in getattr(trace, name)]
-    document["timeline"] = [list(s) for s in trace.timeline]
-    document["labels"] = {str(k): v for k, v in trace.labels.items()}
-    document["object_kinds"] = {str(k): v for k, v in trace.object_kinds.items()}
-    document["module_calls"] = dict(trace.module_calls)
-    document["module_types"] = dict(trace.module_types)
-    alive = trace.alive_at_end
+        document[name] = [_plain(r) for r in fields[name]]
+    document["timeline"] = [list(s) for s in fields["timeline"]]
+    document["labels"] = {str(k): v for k, v in fields["labels"].items()}
+    document["object_kinds"] = {str(k): v for k, v in fields["object_kinds"].items()}
+    document["module_calls"] = dict(fields["module_calls"])
+    document["module_types"] = dict(fields["module_types"])
+    alive = fields["alive_at_end"]
     document["alive_at_end"] = None if alive is None else sorted(alive)
     return json.dumps(document)
 

@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Mapping, Sequence
 
-from autograd_magic.model.records import StorageGroup
-
-if TYPE_CHECKING:
-    from autograd_magic.model.trace import Trace
+from autograd_magic.model.records import AliasLink, StorageGroup
 
 
-def storage_groups(trace: Trace) -> list[StorageGroup]:
-    """Connected components of shared-memory links; copies listed beside their source's group."""
+def object_label(labels: Mapping[int, str], object_id: int) -> str:
+    """The user's name for a tracked tensor or array, else its op label (`object#7`)."""
+    return labels.get(object_id, f"object#{object_id}")
+
+
+def storage_groups(
+    links: Sequence[AliasLink], labels: Mapping[int, str], alive_at_end: Collection[int] | None
+) -> list[StorageGroup]:
+    """Connected components of shared-memory links; copies listed beside their source's group.
+    `alive_at_end` (None while the block runs) hides unnamed temporaries that died."""
     parent: dict[int, int] = {}
+
+    def label(uid: int) -> str:
+        return object_label(labels, uid)
+
+    def worth_showing(uid: int) -> bool:
+        # Named members always; unnamed ones (`unsqueeze#3`) only if still alive at the end:
+        # the temporaries of `data[i].unsqueeze(0)` would bury the groups users made.
+        return alive_at_end is None or uid in alive_at_end or "#" not in label(uid)
 
     def find(x: int) -> int:
         while parent.get(x, x) != x:
@@ -21,36 +34,29 @@ def storage_groups(trace: Trace) -> list[StorageGroup]:
         return x
 
     how: dict[int, str] = {}
-    for link in trace.links:
+    for link in links:
         if link.shares:
             parent.setdefault(link.source, link.source)
             parent.setdefault(link.member, link.member)
             parent[find(link.member)] = find(link.source)
             how.setdefault(link.member, link.how)
     copies: dict[int, dict[str, str]] = {}
-    for link in trace.links:
+    for link in links:
         if not link.shares:
             parent.setdefault(link.source, link.source)
             root = find(link.source)
-            if _worth_showing(trace, link.member):
-                copies.setdefault(root, {})[trace.label(link.member)] = trace.label(link.source)
+            if worth_showing(link.member):
+                copies.setdefault(root, {})[label(link.member)] = label(link.source)
     members: dict[int, list[int]] = {}
     for uid in parent:
         members.setdefault(find(uid), []).append(uid)
     groups = []
     for root, all_uids in sorted(members.items()):
-        uids = [u for u in all_uids if _worth_showing(trace, u)]
+        uids = [u for u in all_uids if worth_showing(u)]
         if len(uids) < 2 and root not in copies:
             continue
         uids.sort()
-        labels = tuple(trace.label(u) for u in uids)
-        group_how = {trace.label(u): how.get(u, "original") for u in uids}
-        groups.append(StorageGroup(labels, group_how, copies.get(root, {})))
+        names = tuple(label(u) for u in uids)
+        group_how = {label(u): how.get(u, "original") for u in uids}
+        groups.append(StorageGroup(names, group_how, copies.get(root, {})))
     return groups
-
-
-def _worth_showing(trace: Trace, uid: int) -> bool:
-    """Named members always; unnamed ones (`unsqueeze#3`) only if still alive at the end: the
-    temporaries of an expression like `data[i].unsqueeze(0)` would bury the groups users made."""
-    alive = trace.alive_at_end
-    return alive is None or uid in alive or "#" not in trace.label(uid)

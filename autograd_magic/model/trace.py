@@ -2,7 +2,10 @@
 
 Read-only data for everyone but the recorder's `TraceWriter`, which fills it while the block runs
 and freezes it when the block ends. Holds no reference to user tensors, arrays or nodes: only
-records and integers. `Trace.from_records` builds one from records (JSON loading, tests).
+records and integers, and no cache: the few derived tables it offers (`modules()`,
+`storage_groups()`, `graph()`) are computed on each call by functions over the records; a view
+that needs them several times computes them once (see `autograd_magic.views.report`).
+`Trace.from_records` builds one from records (JSON loading, tests).
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from autograd_magic.model.export import to_networkx, trace_fields, trace_to_json
+from autograd_magic.model.module_stats import module_stats
 from autograd_magic.model.records import (
     AliasLink,
     BackwardCall,
@@ -25,6 +30,7 @@ from autograd_magic.model.records import (
     TimelineSample,
     VersionBump,
 )
+from autograd_magic.model.storage import object_label, storage_groups
 
 if TYPE_CHECKING:
     import networkx
@@ -77,9 +83,6 @@ class Trace:
         # Who wants to see the trace while it records (the live panel), and how often.
         self.listener: Listener | None = None
         self.listen_interval_s = 0.5
-        self._node_index: dict[int, NodeRecord] = {}
-        self._buffer_index: dict[int, SavedBuffer] = {}
-        self._modules: tuple[tuple, list[ModuleStats]] | None = None
 
     @classmethod
     def from_records(
@@ -117,30 +120,9 @@ class Trace:
             buffers_saved=self.buffers_saved,
         )
 
-    def node(self, node_id: int) -> NodeRecord | None:
-        """The record of a node by id (None when beyond the record cap)."""
-        index = self._node_index
-        if len(index) != len(self.nodes):
-            # Records are only ever appended (or replaced wholesale): index what is new.
-            if len(index) > len(self.nodes):
-                index.clear()
-            for record in self.nodes[len(index) :]:
-                index[record.id] = record
-        return index.get(node_id)
-
-    def buffer(self, buffer_id: int) -> SavedBuffer | None:
-        """The record of a saved buffer by id (None when beyond the record cap)."""
-        index = self._buffer_index
-        if len(index) != len(self.buffers):
-            if len(index) > len(self.buffers):
-                index.clear()
-            for record in self.buffers[len(index) :]:
-                index[record.id] = record
-        return index.get(buffer_id)
-
     def label(self, object_id: int) -> str:
         """The user's name for a tracked tensor or array, else its op label."""
-        return self.labels.get(object_id, f"object#{object_id}")
+        return object_label(self.labels, object_id)
 
     def buffers_of(self, node_id: int) -> list[SavedBuffer]:
         """The saved buffers a node owns."""
@@ -148,37 +130,23 @@ class Trace:
 
     def modules(self) -> list[ModuleStats]:
         """One entry per nn.Module that ran in the block, most saved bytes first."""
-        from autograd_magic.model.modules import module_stats
-
-        # The summary, the Modules table and the tab titles all ask; records only grow.
-        asked = (len(self.nodes), len(self.buffers), len(self.module_calls), self.finished)
-        if self._modules is None or self._modules[0] != asked:
-            self._modules = (asked, module_stats(self))
-        return self._modules[1]
+        return module_stats(self.nodes, self.buffers, self.module_calls, self.module_types)
 
     def storage_groups(self) -> list[StorageGroup]:
         """Groups of tensors/arrays that share memory, with how each joined and copies beside."""
-        from autograd_magic.model.storage import storage_groups
-
-        return storage_groups(self)
+        return storage_groups(self.links, self.labels, self.alive_at_end)
 
     def graph(self) -> networkx.DiGraph:
         """The recorded autograd graph; edges point from a node to its `next_functions`."""
-        from autograd_magic.model.export import to_networkx
-
-        return to_networkx(self)
+        return to_networkx(self.nodes, self.buffers)
 
     def to_json(self) -> str:
         """A complete, versioned JSON export (see `Trace.from_json`)."""
-        from autograd_magic.model.export import trace_to_json
-
-        return trace_to_json(self)
+        return trace_to_json(vars(self))
 
     @classmethod
     def from_json(cls, text: str) -> Trace:
         """Load an export without executing anything."""
-        from autograd_magic.model.export import trace_fields
-
         return cls.from_records(**trace_fields(text))
 
     def listen(self, callback: Listener | None, interval_s: float = 0.5) -> None:

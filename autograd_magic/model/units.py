@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import re
+
 from autograd_magic.model.records import Site
 
 # The node autograd makes for a leaf that requires grad: never saves anything, never "leaks".
 ACCUMULATE_GRAD = "AccumulateGrad"
+# A layer number in a dotted path (`h.3.attn`, `layers.3[0]`): repeated layers differ only there.
+LAYER_INDEX = re.compile(r"(?<=\.)\d+(?=[.\[\]]|$)")
+
+
+def layer_pattern(path: str) -> str:
+    """`model.h.3.mlp` -> `model.h.*.mlp`: the repeated structure a path belongs to."""
+    return LAYER_INDEX.sub("*", path)
 
 
 def format_bytes(nbytes: int) -> str:

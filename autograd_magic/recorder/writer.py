@@ -279,9 +279,11 @@ class TraceWriter:
 
     def name_buffers(self, names: dict[int, str]) -> None:
         """The user's names of saved tensors still held at the end (buffer id -> path)."""
-        for buffer_id, name in names.items():
-            buffer = self.trace.buffer(buffer_id)
-            if buffer is not None and not buffer.label:
+        if not names:
+            return
+        for buffer in self.trace.buffers:
+            name = names.get(buffer.id)
+            if name is not None and not buffer.label:
                 buffer.label = name
 
     def end_holders(self, holders: list[Holder]) -> None:

@@ -14,6 +14,7 @@ from autograd_magic.analysis.layout import DEFAULT_MAX_NODES, graph_view
 from autograd_magic.model.trace import Trace
 from autograd_magic.views.text import (
     MAX_TABLE_ROWS,
+    ReportTables,
     Sentence,
     Table,
     backward_sentences,
@@ -164,7 +165,7 @@ def page(
     timeline_png: bytes = b"",
     graph_png: bytes = b"",
     graph_note: str = "",
-    tables: list[tuple[Table, int | None]] | None = None,
+    tables: ReportTables | None = None,
 ) -> str:
     """The whole view as one HTML fragment: status, summary, findings, timeline, backward calls,
     graph and (cut) tables; pictures given as PNG bytes are embedded."""
@@ -183,13 +184,9 @@ def page(
             png_img_html(graph_png, "autograd graph"),
         ]
     if trace.finished:
-        parts += [table_html(first_rows(t), flag) for t, flag in tables or final_tables(trace)]
+        named = tables or report_tables(trace)
+        parts += [table_html(first_rows(t), flag) for t, flag in named.flagged()]
     return f'<div style="{TEXT_STYLE}">' + "".join(parts) + "</div>"
-
-
-def final_tables(trace: Trace) -> list[tuple[Table, int | None]]:
-    """The tables of a finished trace, each with the column whose non-empty cells are flagged."""
-    return [(table, 6 if i == 4 else None) for i, table in enumerate(report_tables(trace))]
 
 
 def static_html(trace: Trace, max_nodes: int = DEFAULT_MAX_NODES) -> str:

@@ -3,21 +3,14 @@ and one headline naming the repeated structure that holds most of it."""
 
 from __future__ import annotations
 
-import re
-
 from autograd_magic.model.records import ModuleStats
 from autograd_magic.model.trace import Trace
-from autograd_magic.model.units import format_bytes
+from autograd_magic.model.units import format_bytes, layer_pattern
 from autograd_magic.views.tables import MAX_TABLE_ROWS, Table
 
 BAR_WIDTH = 10
 INDENT = "\u00a0" * 3
-_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")
-
-
-def pattern_of(path: str) -> str:
-    """`model.h.3.mlp` -> `model.h.*.mlp`: the repeated structure a path belongs to."""
-    return _INDEX.sub("*", path)
+pattern_of = layer_pattern  # `model.h.3.mlp` -> `model.h.*.mlp`
 
 
 def _bar(share: float) -> str:

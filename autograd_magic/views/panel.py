@@ -21,7 +21,6 @@ from autograd_magic.views.figures import figure_png, graph_figure, timeline_figu
 from autograd_magic.views.html import (
     MUTED_STYLE,
     div,
-    final_tables,
     join_items,
     page,
     sentences_html,
@@ -31,10 +30,11 @@ from autograd_magic.views.html import (
 )
 from autograd_magic.views.series import MIN_STEPS, sparkline_png
 from autograd_magic.views.text import (
-    Table,
+    ReportTables,
     backward_sentences,
     buffer_table,
     render_text,
+    report_tables,
     sentences,
 )
 
@@ -67,7 +67,9 @@ class TracePanel:
         self.live_renders = 0
         self._timeline_png = b""
         self._graph_png = b""
-        self._tables: list[tuple[Table, int | None]] = []
+        self._tables: ReportTables | None = None
+        self._text: str | None = None  # the text report of the finished trace, made once
+        self._default_view = False  # whether `view` is the one the text report draws
         self._graph_note = ""
         self._built: set[str] = set()  # "graph", "tables": lazy sections already filled
         self._started = time.monotonic()
@@ -171,6 +173,7 @@ class TracePanel:
     def _final_changes(self) -> list[tuple[Any, str, Any]]:
         trace = self.trace
         self._built.clear()
+        self._text = None
         counts = (
             len(trace.backward_calls),
             len(trace.modules()),
@@ -199,18 +202,20 @@ class TracePanel:
             return self._graph_changes(None)
         if tab not in (0, GRAPH_TAB) and "tables" not in self._built:
             self._built.add("tables")
-            self._tables = tables = final_tables(self.trace)
+            self._tables = tables = report_tables(self.trace)
+            buffers = table_html(tables.buffer_totals) + table_html(tables.buffers)
             return [
-                (self.modules, "value", table_html(tables[0][0])),
-                (self.buffers, "value", "".join(table_html(t) for t, _ in tables[1:3])),
-                (self.storage, "value", table_html(tables[3][0])),
-                (self.versions, "value", table_html(*tables[4])),
+                (self.modules, "value", table_html(tables.modules)),
+                (self.buffers, "value", buffers),
+                (self.storage, "value", table_html(tables.storage)),
+                (self.versions, "value", table_html(tables.versions, tables.versions_flag)),
             ]
         return []
 
     def _graph_changes(self, depth: int | None) -> list[tuple[Any, str, Any]]:
         """The graph at module `depth` (None: the readable default): picture, note, choices."""
         self.view = view = graph_view(self.trace, self.max_nodes, depth)
+        self._default_view = depth is None and self.max_nodes == DEFAULT_MAX_NODES
         self._graph_png = figure_png(graph_figure(view))
         self._graph_note = view.note or f"All {view.total_nodes:,} recorded nodes are shown."
         depths = [(f"depth {d}", d) for d in range(1, view.max_depth + 1)]
@@ -261,7 +266,8 @@ class TracePanel:
             self.node_details.value = ""
             return
         box = view.boxes[index]
-        records = [r for r in (self.trace.node(m) for m in box.members) if r is not None]
+        by_id = {n.id: n for n in self.trace.nodes}
+        records = [r for r in (by_id.get(m) for m in box.members) if r is not None]
         born = sorted({r.born_site.describe() for r in records})
         freed = sorted({r.freed_site.describe() for r in records if r.freed_site is not None})
         facts = [
@@ -305,8 +311,18 @@ class TracePanel:
             bundle["text/plain"] = "autograd_magic panel (interactive; a static copy follows)"
             return bundle
         bundle["text/html"] = self.static_html()
-        bundle["text/plain"] = render_text(self.trace)
+        bundle["text/plain"] = self.text_report()
         return bundle
+
+    def text_report(self) -> str:
+        """The text report; of a finished trace made once, from the panel's own tables."""
+        if not self.trace.finished:
+            return render_text(self.trace)
+        if self._text is None:
+            self.ensure_built()
+            view = self.view if self._default_view else None
+            self._text = render_text(self.trace, named=self._tables, view=view)
+        return self._text
 
     def static_copy(self) -> StaticCopy:
         """The panel's static HTML (pictures embedded) and text report as their own output.
@@ -315,7 +331,7 @@ class TracePanel:
         of `--execute`), and that view needs a CDN: a separate output keeps findings, numbers and
         pictures in every saved notebook. Beside a rendered live panel it hides itself (CSS)."""
         self.companion = True
-        return StaticCopy(static_copy_html(self.static_html()), render_text(self.trace))
+        return StaticCopy(static_copy_html(self.static_html()), self.text_report())
 
 
 class StaticCopy:

@@ -6,11 +6,11 @@ The panel lowers the same `Sentence`s and `Table`s to HTML, so text and widget a
 from __future__ import annotations
 
 import re
-import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
-from autograd_magic.analysis.layout import graph_view
-from autograd_magic.model.records import BackwardCall, SavedBuffer, VersionBump
+from autograd_magic.analysis.layout import GraphView, graph_view
+from autograd_magic.model.records import BackwardCall, NodeRecord, SavedBuffer
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import format_bytes, where
 from autograd_magic.views.graph_table import graph_table
@@ -24,6 +24,7 @@ from autograd_magic.views.tables import (
     cut_note,
     table_text,
 )
+from autograd_magic.views.versions import label_pattern, versions_table
 
 
 def summary_items(trace: Trace) -> list[tuple[str, str]]:
@@ -176,14 +177,14 @@ def _lines(lines: Iterable[int]) -> str:
     return ("line " if len(items) == 1 else "lines ") + ", ".join(str(n) for n in items)
 
 
-def _node_name(trace: Trace, node_id: int | None) -> str:
-    node = None if node_id is None else trace.node(node_id)
+def _node_name(nodes: Mapping[int, NodeRecord], node_id: int | None) -> str:
+    node = None if node_id is None else nodes.get(node_id)
     return "?" if node is None else f"{node.name}#{node.id}"
 
 
-def _saved_by(trace: Trace, node_id: int | None) -> str:
+def _saved_by(nodes: Mapping[int, NodeRecord], node_id: int | None) -> str:
     """A readable label for a saved tensor no user variable names: `saved by addmm`."""
-    node = None if node_id is None else trace.node(node_id)
+    node = None if node_id is None else nodes.get(node_id)
     if node is None:
         return "saved tensor"
     op = node.name.removesuffix("Backward0").removesuffix("Backward1").removesuffix("Backward")
@@ -201,12 +202,13 @@ def buffer_table(trace: Trace, node_ids: set[int] | None = None) -> Table:
     Tensors alike in all but their node (a loop's steps, repeated layers) share one row:
     'AddmmBackward0 (x1,000)'. A module column appears when the block ran modules."""
     with_module = any(b.module for b in trace.buffers)
+    nodes = {n.id: n for n in trace.nodes}
     # Group on the raw fields first (formatting 100,000 rows is the slow part), then on the
     # rows as shown: different raw fields can read the same.
     raw: dict[tuple, list[SavedBuffer]] = {}
     for b in trace.buffers:
         if node_ids is None or b.node_id in node_ids:
-            node = None if b.label or b.node_id is None else trace.node(b.node_id)
+            node = None if b.label or b.node_id is None else nodes.get(b.node_id)
             name = b.label or (node.name if node is not None else "")
             fields = (
                 name,
@@ -225,18 +227,18 @@ def buffer_table(trace: Trace, node_ids: set[int] | None = None) -> Table:
     groups: dict[tuple[str, ...], list[SavedBuffer]] = {}
     labels: dict[tuple[str, ...], set[str]] = {}
     for members in raw.values():  # `saved by add` for AddBackward0 and AddBackward1 alike
-        row = _buffer_row(trace, members[0], with_node=False)
+        row = _buffer_row(nodes, members[0], with_node=False)
         # Repeated layers' tensors (`layers.0.w`, `layers.1.w`) share a row too.
-        key = (row[0], _pattern(row[1]), *row[2:], _pattern(members[0].module or ""))
+        key = (row[0], label_pattern(row[1]), *row[2:], label_pattern(members[0].module or ""))
         groups.setdefault(key, []).extend(members)
         labels.setdefault(key, set()).add(row[1])
     ordered = sorted(groups.items(), key=lambda kv: (kv[1][0].freed, -kv[1][0].nbytes, kv[1][0].id))
     rows = []
     for key, members in ordered[:MAX_TABLE_ROWS]:
         if len(members) == 1:
-            row = _buffer_row(trace, members[0], with_node=True)
+            row = _buffer_row(nodes, members[0], with_node=True)
         else:
-            node = trace.node(members[0].node_id) if members[0].node_id is not None else None
+            node = _node(nodes, members[0].node_id)
             name = "?" if node is None else node.name
             shown = labels[key]
             label = next(iter(shown)) if len(shown) == 1 else key[1]
@@ -259,11 +261,17 @@ def buffer_table(trace: Trace, node_ids: set[int] | None = None) -> Table:
     return Table("Saved tensors", headers, tuple(rows), note)
 
 
-def _buffer_row(trace: Trace, b: SavedBuffer, with_node: bool) -> tuple[str, ...]:
-    node = _node_name(trace, b.node_id) if with_node else ""
+def _node(nodes: Mapping[int, NodeRecord], node_id: int | None) -> NodeRecord | None:
+    return None if node_id is None else nodes.get(node_id)
+
+
+def _buffer_row(
+    nodes: Mapping[int, NodeRecord], b: SavedBuffer, with_node: bool
+) -> tuple[str, ...]:
+    node = _node_name(nodes, b.node_id) if with_node else ""
     return (
         node,
-        b.label or _saved_by(trace, b.node_id),
+        b.label or _saved_by(nodes, b.node_id),
         "x".join(str(d) for d in b.shape) or "scalar",
         b.dtype,
         b.device,
@@ -305,119 +313,54 @@ def storage_table(trace: Trace) -> Table:
     return Table("Storage groups", headers, tuple(rows[:MAX_TABLE_ROWS]), cut_note(len(rows)))
 
 
-def versions_table(trace: Trace) -> Table:
-    """In-place writes grouped per tensor, op and line, in order; a loop's repeated writes share
-    one row ('1 -> 1001 (1,000 writes)'), and so do the same layer's tensors in repeated layers
-    ('model.layers.*.weight ... (4 tensors)') and one optimizer state entry of every parameter
-    (`opt.state[*]['exp_avg']`); writes that bypass the counter flagged."""
-    # Grouped on the raw fields first (a long loop has 100,000 writes), in order of appearance.
-    raw: dict[tuple, list[VersionBump]] = {}
-    for bump in trace.version_bumps:
-        fields = (bump.label, bump.op, bump.site, bump.affected, bump.bypass, bump.bypassed)
-        raw.setdefault(fields, []).append(bump)
-    groups: dict[tuple[str, ...], list[VersionBump]] = {}
-    for bumps in sorted(raw.values(), key=lambda b: (_natural(b[0].label), b[0].seq)):
-        bump = bumps[0]
-        if bump.bypass:
-            via = f" through {bump.bypassed}" if bump.bypassed else ""
-            flag = f"BYPASS{via}: version unchanged, autograd cannot see this write"
-        else:
-            flag = ""
-        key = (_pattern(bump.label), bump.op, where(bump.site), ", ".join(bump.affected), flag)
-        groups.setdefault(key, []).extend(bumps)
-    rows = []
-    for (_, op, at, affected, flag), bumps in groups.items():
-        for label, members in _merged_or_split(bumps):
-            hits = sum(len(b.hit_buffers) for b in members)
-            row = (label, op, at, _versions(members), affected, str(hits) if hits else "", flag)
-            rows.append(row)
-    headers = (
-        "tensor",
-        "op",
-        "where",
-        "version",
-        "aliases bumped too",
-        "saved tensors hit",
-        "warning",
-    )
-    return Table("Version bumps", headers, tuple(rows[:MAX_TABLE_ROWS]), cut_note(len(rows)))
+@dataclass(frozen=True)
+class ReportTables:
+    """The report's tables by name, built once per render of a trace (`report_tables`); every
+    renderer picks them by name, so no renderer depends on another's order."""
 
+    modules: Table
+    buffer_totals: Table
+    buffers: Table
+    storage: Table
+    versions: Table
 
-# A layer number inside a path (`layers.3.` or `h.3]`): repeated layers share a row.
-_LAYER_INDEX = re.compile(r"(?<=\.)\d+(?=[.\[\]]|$)")
-# One optimizer step writes the same state entry of every parameter: one row per entry.
-_OPTIMIZER_STATE = re.compile(r"\.state\[.*\]\[('[^']*')\]$")
-_UNNAMED = re.compile(r"^tensor#\d+$")
-MIN_MERGED = 3
+    @property
+    def versions_flag(self) -> int:
+        """The versions table's column whose non-empty cells are flagged (its warnings)."""
+        return self.versions.headers.index("warning")
 
-
-def _merged_or_split(bumps: list[VersionBump]) -> list[tuple[str, list[VersionBump]]]:
-    """One row under the pattern for `MIN_MERGED` tensors or more, else a row per tensor."""
-    by_label: dict[str, list[VersionBump]] = {}
-    for bump in bumps:
-        by_label.setdefault(bump.label, []).append(bump)
-    if len(by_label) >= MIN_MERGED:
-        return [(_pattern(bumps[0].label), bumps)]
-    return list(by_label.items())
-
-
-def _pattern(label: str) -> str:
-    """`model.layers.*.weight`, `opt.state[*]['exp_avg']`, `tensor#*`: what repeats shares a row."""
-    label = _OPTIMIZER_STATE.sub(r".state[*][\1]", _LAYER_INDEX.sub("*", label))
-    return _UNNAMED.sub("tensor#*", label)
-
-
-def _versions(bumps: list[VersionBump]) -> str:
-    """'1 -> 2', '1 -> 1001 (1,000 writes)', '0 -> 1 each (4 tensors)'."""
-    spans: dict[str, list[int]] = {}
-    for bump in bumps:
-        span = spans.setdefault(bump.label, [bump.old, bump.new])
-        span[1] = bump.new
-    if len(spans) == 1:
-        text = f"{bumps[0].old} -> {bumps[-1].new}"
-        return text + (f" ({len(bumps):,} writes)" if len(bumps) > 1 else "")
-    uniform = len({tuple(s) for s in spans.values()}) == 1
-    old, new = next(iter(spans.values())) if uniform else (None, None)
-    text = f"{old} -> {new} each" if uniform else "various"
-    writes = f", {len(bumps):,} writes" if len(bumps) > len(spans) else ""
-    return f"{text} ({len(spans):,} tensors{writes})"
-
-
-def _natural(label: str) -> tuple:
-    """Sort key reading the numbers in a label as numbers: tensor#9 before tensor#10."""
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", label))
-
-
-_TABLES: weakref.WeakKeyDictionary[Trace, tuple[tuple, list[Table]]] = weakref.WeakKeyDictionary()
-
-
-def report_tables(trace: Trace) -> list[Table]:
-    """The report's tables: modules, saved-tensor totals and rows, storage, versions. Built once
-    per state of the trace (the panel, its static copy and the text report share them)."""
-    asked = (
-        len(trace.nodes),
-        len(trace.buffers),
-        len(trace.links),
-        len(trace.version_bumps),
-        trace.finished,
-    )
-    last = _TABLES.get(trace)
-    if last is None or last[0] != asked:
-        tables = [
-            module_table(trace),
-            buffer_totals(trace),
-            buffer_table(trace),
-            storage_table(trace),
-            versions_table(trace),
+    def flagged(self) -> list[tuple[Table, int | None]]:
+        """The tables in page order, each with the column whose non-empty cells are flagged."""
+        return [
+            (self.modules, None),
+            (self.buffer_totals, None),
+            (self.buffers, None),
+            (self.storage, None),
+            (self.versions, self.versions_flag),
         ]
-        _TABLES[trace] = last = (asked, tables)
-    return last[1]
 
 
-def render_text(trace: Trace, tables: bool = True) -> str:
+def report_tables(trace: Trace) -> ReportTables:
+    """The report's tables: modules, saved-tensor totals and rows, storage, versions."""
+    return ReportTables(
+        modules=module_table(trace),
+        buffer_totals=buffer_totals(trace),
+        buffers=buffer_table(trace),
+        storage=storage_table(trace),
+        versions=versions_table(trace),
+    )
+
+
+def render_text(
+    trace: Trace,
+    tables: bool = True,
+    named: ReportTables | None = None,
+    view: GraphView | None = None,
+) -> str:
     """The whole report as plain text: summary, sentences, backward calls (grouped by line) and,
     unless `tables` is False, the graph's boxes and every table, each cut to `TEXT_TABLE_ROWS`
-    rows with a note."""
+    rows with a note. `named` and `view` pass tables and a default graph view a caller already
+    built for the same trace (the panel's fallbacks)."""
     state = "error" if trace.error else ("finished" if trace.finished else "running")
     parts = [f"autograd_magic trace ({state})"]
     parts.append("\n".join(f"  {label}: {value}" for label, value in summary_items(trace)))
@@ -429,9 +372,11 @@ def render_text(trace: Trace, tables: bool = True) -> str:
         parts.append("Backward calls:\n" + "\n".join(f"  - {s.text}" for s in calls))
     if not tables:
         return "\n\n".join(parts) + "\n"
-    shown = report_tables(trace)
+    named = named or report_tables(trace)
+    shown = [named.modules]
     if trace.nodes:
-        shown = [shown[0], graph_table(graph_view(trace)), *shown[1:]]
+        shown.append(graph_table(view or graph_view(trace)))
+    shown += [named.buffer_totals, named.buffers, named.storage, named.versions]
     for table in shown:
         parts.append(table_text(capped(table, TEXT_TABLE_ROWS)))
     return "\n\n".join(parts) + "\n"

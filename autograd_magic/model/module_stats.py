@@ -7,12 +7,9 @@ is the sum of the buffers attributed to it. Records beyond the record cap are no
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
 
-from autograd_magic.model.records import ModuleStats
-
-if TYPE_CHECKING:
-    from autograd_magic.model.trace import Trace
+from autograd_magic.model.records import ModuleStats, NodeRecord, SavedBuffer
 
 
 def _ancestors(path: str) -> list[str]:
@@ -21,17 +18,22 @@ def _ancestors(path: str) -> list[str]:
     return [".".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-def module_stats(trace: Trace) -> list[ModuleStats]:
+def module_stats(
+    records: Iterable[NodeRecord],
+    buffers: Iterable[SavedBuffer],
+    module_calls: Mapping[str, int],
+    module_types: Mapping[str, str],
+) -> list[ModuleStats]:
     """One entry per module that ran (or owns records), largest `saved_bytes` first."""
-    paths = set(trace.module_calls)
+    paths = set(module_calls)
     nodes: dict[str, int] = {}
-    for node in trace.nodes:
+    for node in records:
         if node.module is not None:
             nodes[node.module] = nodes.get(node.module, 0) + 1
             paths.add(node.module)
     own: dict[str, int] = {}
     events: dict[str, list[tuple[int, int, int, int]]] = {}
-    for buffer in trace.buffers:
+    for buffer in buffers:
         if buffer.module is None or buffer.is_leaf:
             continue
         paths.add(buffer.module)
@@ -51,8 +53,8 @@ def module_stats(trace: Trace) -> list[ModuleStats]:
     stats = [
         ModuleStats(
             path=path,
-            type=trace.module_types.get(path, ""),
-            calls=trace.module_calls.get(path, 0),
+            type=module_types.get(path, ""),
+            calls=module_calls.get(path, 0),
             nodes_created=created.get(path, 0),
             saved_bytes=total.get(path, 0),
             self_saved_bytes=own.get(path, 0),

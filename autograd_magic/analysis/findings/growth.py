@@ -1,0 +1,274 @@
+"""Facts about graphs that reach across iterations or backward calls: graph-growth (the root
+cause), retained-graph and backward-through-freed."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from autograd_magic.analysis.findings.facts import Fact
+from autograd_magic.analysis.findings.lifetime import holder_group, root_name
+from autograd_magic.analysis.findings.source import reads_itself
+from autograd_magic.analysis.index import RecordIndex, retained_bytes_of
+from autograd_magic.model.records import BackwardCall, NodeRecord, Site
+from autograd_magic.model.trace import Trace
+from autograd_magic.model.units import ACCUMULATE_GRAD, cell_line
+
+FREED_TWICE = "backward through the graph a second time"  # PyTorch's error for it
+
+
+# ----- graph-growth -----------------------------------------------------------------------
+def graph_growth(trace: Trace, graph: RecordIndex) -> Fact | None:
+    """A value carried across iterations links each new graph to the one an earlier backward
+    walked: the root cause of a growing graph, of retain_graph=True and of the optimizer error."""
+    calls = [c for c in trace.backward_calls if c.earlier_nodes > 0 and not _freed_twice(c)]
+    if not calls:
+        return None
+    carried, epochs = _carried_sites(trace, graph)
+    if not carried:
+        return None
+    site = carried.most_common(1)[0][0]
+    line = cell_line(site)
+    holder = _carried_holder(trace, graph, site)
+    ok = [c for c in calls if c.error is None]
+    grew = len(ok) > 1 and ok[-1].graph_nodes > ok[0].graph_nodes
+    return Fact(
+        "graph-growth",
+        "carried",
+        line,
+        tuple(sorted({cell_line(c.site) for c in calls} - {line})),
+        holder,
+        trace.peak_retained_bytes,
+        reference=calls[-1].site,
+        built=site,
+        iterations=len(epochs[site]),
+        detail={
+            "earlier_nodes": calls[-1].earlier_nodes,
+            "grew": (ok[0].graph_nodes, ok[-1].graph_nodes, len(ok) + 1) if grew else None,
+            "tuple": holder is not None and is_tuple(trace, holder),
+            "retain": any(c.retain_graph for c in trace.backward_calls),
+            "writes_hit_saved": any(b.hit_buffers for b in trace.version_bumps),
+        },
+    )
+
+
+def is_tuple(trace: Trace, holder: str) -> bool:
+    """Whether `holder` is a tuple of tensors (an LSTM's `(h, c)`): it is detached per item."""
+    return any(h.path.startswith(f"{holder}[") for h in trace.holders)
+
+
+def _freed_twice(call: BackwardCall) -> bool:
+    return call.error is not None and FREED_TWICE in call.error
+
+
+def _carried_sites(trace: Trace, graph: RecordIndex) -> tuple[Counter[Site], dict[Site, set[int]]]:
+    """Sites of values that an earlier backward walked and a later iteration consumed again,
+    and the iterations each site built nodes in."""
+    carried: Counter[Site] = Counter()
+    first_walk: dict[int, int] = {}
+    site_epochs: dict[Site, set[int]] = {}
+    for node in trace.nodes:
+        site_epochs.setdefault(node.born_site, set()).add(graph.epoch(node.born_seq))
+    for node in trace.nodes:
+        epoch = graph.epoch(node.born_seq)
+        if node.reached_by is None:  # an accumulator (`total += loss`) no backward walks
+            continue
+        for child_id in node.next_ids:
+            child = graph.node(child_id)
+            if (
+                child is not None
+                and child.name != ACCUMULATE_GRAD
+                and not child.existed_before
+                and graph.epoch(child.born_seq) < epoch
+                # A value fed forward before any backward walked its graph (a GAN's `fake`) is
+                # one iteration's graph, not a carried one.
+                and _first_walk(graph, child.id, first_walk) < epoch
+                # The line that made it ran again in this iteration (`h = rnn(x, h)`): not one
+                # forward feeding two backwards one after the other.
+                and epoch in site_epochs[child.born_site]
+            ):
+                carried[child.born_site] += 1
+    return carried, site_epochs
+
+
+def _first_walk(graph: RecordIndex, root_id: int, memo: dict[int, int]) -> int:
+    """The first backward that walked any node under `root_id` (a large number if none did)."""
+    never = len(graph.backward_seqs) + 1
+    stack = [root_id]
+    while stack:
+        node_id = stack[-1]
+        node = graph.node(node_id)
+        if node_id in memo or node is None or node.name == ACCUMULATE_GRAD:
+            memo.setdefault(node_id, never)
+            stack.pop()
+            continue
+        todo = [c for c in node.next_ids if c not in memo]
+        if todo:
+            stack.extend(todo)
+            continue
+        own = never if node.reached_by is None else node.reached_by
+        memo[node_id] = min([own, *(memo[c] for c in node.next_ids)])
+        stack.pop()
+    return memo[root_id]
+
+
+def _carried_holder(trace: Trace, graph: RecordIndex, site: Site) -> str | None:
+    """The variable computed at `site` that its own line also reads (`h = rnn(x, h)`)."""
+    names = []
+    for holder in trace.holders:
+        node = graph.node(holder.node_id)
+        if node is not None and node.born_site == site:
+            names.append(holder_group(holder.path))
+    for name in names:
+        if reads_itself(name, site):
+            return name
+    return names[0] if names else None
+
+
+# ----- retained-graph ---------------------------------------------------------------------
+def retained_graph(trace: Trace, graph: RecordIndex, cause: Fact | None) -> list[Fact]:
+    """`retain_graph=True` calls whose kept buffers no later backward released; `cause` is the
+    graph-growth fact that made them seem needed, when there is one."""
+    by_line: dict[int, list[BackwardCall]] = {}
+    for call in trace.backward_calls:
+        if call.retain_graph:
+            by_line.setdefault(cell_line(call.site), []).append(call)
+    facts = []
+    for line, every in by_line.items():
+        calls = [c for c in every if c.error is None and c.reached]
+        kept = graph.buffers_of({n for c in calls for n in c.reached}, live=True)
+        nbytes = retained_bytes_of(kept)
+        if not nbytes:
+            continue
+        facts.append(
+            Fact(
+                "retained-graph",
+                "retained",
+                line,
+                tuple(sorted({cell_line(b.saved_site) for b in kept})),
+                root_name(trace, calls[-1].root_ids),
+                nbytes,
+                cause=cause,
+                reference=calls[-1].site,
+                buffer_ids=tuple(b.id for b in kept),
+                # Every call counts, the one that raised too: the user ran the line that often.
+                detail={"times": len(every)},
+            )
+        )
+    return facts
+
+
+# ----- backward-through-freed -------------------------------------------------------------
+def backward_through_freed(trace: Trace, graph: RecordIndex) -> list[Fact]:
+    """A backward that needed buffers an earlier backward had already released."""
+    facts = []
+    for index, call in enumerate(trace.backward_calls):
+        if call.error is None or FREED_TWICE not in call.error:
+            continue
+        shared = _walked_before(graph, call, index)
+        releaser = _releaser(trace, shared, index)
+        facts.append(_freed_twice_fact(trace, graph, call, shared, releaser))
+    return facts
+
+
+def _walked_before(graph: RecordIndex, call: BackwardCall, index: int) -> list[NodeRecord]:
+    """Nodes the failing call needed that an earlier backward had walked: the shared part."""
+    nodes = (graph.node(i) for i in call.reached)
+    return sorted(
+        (
+            n
+            for n in nodes
+            if n is not None
+            and n.name != ACCUMULATE_GRAD
+            and n.reached_by is not None
+            and n.reached_by < index
+        ),
+        key=lambda n: n.born_seq,
+    )
+
+
+def _releaser(trace: Trace, shared: list[NodeRecord], index: int) -> BackwardCall | None:
+    """The first earlier backward without retain_graph that could have freed the shared part."""
+    first = min((n.reached_by for n in shared if n.reached_by is not None), default=0)
+    for call in trace.backward_calls[first:index]:
+        if not call.retain_graph and call.error is None:
+            return call
+    return None
+
+
+def _freed_twice_fact(
+    trace: Trace,
+    graph: RecordIndex,
+    call: BackwardCall,
+    shared: list[NodeRecord],
+    releaser: BackwardCall | None,
+) -> Fact:
+    name = root_name(trace, call.root_ids)
+    built_lines = tuple(sorted({cell_line(n.born_site) for n in shared}))
+    freed = [
+        b
+        for b in graph.buffers_of((n.id for n in shared), live=False)
+        if b.freed and (b.freed_seq or 0) < call.seq
+    ]
+    saved_lines = tuple(sorted({cell_line(b.saved_site) for b in freed})) or built_lines
+    releaser_lines = () if releaser is None else (cell_line(releaser.site),)
+    form, fix = _fix(trace, graph, call, shared, releaser)
+    return Fact(
+        "backward-through-freed",
+        form,
+        cell_line(call.site),
+        tuple(sorted(set(releaser_lines) | set(built_lines) | set(saved_lines))),
+        name,
+        0,
+        reference=call.site,
+        node_ids=tuple(n.id for n in shared),
+        buffer_ids=tuple(b.id for b in freed),
+        detail={
+            "saved_lines": saved_lines if freed else (),
+            "built_lines": built_lines,
+            "releaser": None if releaser is None else releaser.site,
+            **fix,
+        },
+    )
+
+
+def _fix(
+    trace: Trace,
+    graph: RecordIndex,
+    call: BackwardCall,
+    shared: list[NodeRecord],
+    releaser: BackwardCall | None,
+) -> tuple[str, dict[str, object]]:
+    """Which usual fix applies, by how the graphs came to share a part, and what it names."""
+    roots = [n for n in map(graph.node, call.root_ids) if n is not None]
+    if releaser is not None and roots and all(r.born_seq < releaser.seq for r in roots):
+        # Two losses from one forward, backpropagated one after the other.
+        return "two-losses", {"first": root_name(trace, releaser.root_ids)}
+    carried = [n.born_site for n in shared if _built_in_two_epochs(trace, graph, n.born_site)]
+    if carried:
+        holder = _carried_holder(trace, graph, carried[-1]) or "h"
+        return "carried", {
+            "carried_line": cell_line(carried[-1]),
+            "carried": holder,
+            "tuple": is_tuple(trace, holder),
+        }
+    if not shared:
+        return "unshared", {}
+    return "built-once", {"widest": _widest_holder(trace, graph, shared)}
+
+
+def _widest_holder(trace: Trace, graph: RecordIndex, shared: list[NodeRecord]) -> str | None:
+    """The variable bound to a shared node with the most of the shared part beneath it."""
+    ids = {n.id for n in shared}
+    best, best_size = None, 0
+    for holder in trace.holders:
+        if holder.node_id not in ids:
+            continue
+        below = graph.reach_within(holder.node_id, ids)
+        if len(below) > best_size:
+            best, best_size = holder.path, len(below)
+    return best
+
+
+def _built_in_two_epochs(trace: Trace, graph: RecordIndex, site: Site) -> bool:
+    epochs = {graph.epoch(n.born_seq) for n in trace.nodes if n.born_site == site}
+    return len(epochs) > 1
