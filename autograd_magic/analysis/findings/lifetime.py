@@ -4,6 +4,7 @@ unused-graph (graphs no backward used)."""
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 from autograd_magic.analysis.findings.facts import Fact
 from autograd_magic.analysis.findings.source import store_site
@@ -186,7 +187,10 @@ def _unused(
     paths = [h.path for h in trace.holders if h.node_id in ids]
     # An attribute or a container (`crit.loss` set in a forward) is the holder a user would miss.
     holder = next((p for p in paths if "." in p or "[" in p), paths[0] if paths else None)
-    detail = {"graphs": len(roots), "held": bool(holder) and any(r.alive for r in roots)}
+    detail: dict[str, Any] = {
+        "graphs": len(roots),
+        "held": bool(holder) and any(r.alive for r in roots),
+    }
     if not trace.backward_calls:
         return Fact(
             "unused-graph",
