@@ -25,6 +25,7 @@ from IPython.display import display
 import autograd_magic
 from autograd_magic.analysis.layout import DEFAULT_MAX_NODES
 from autograd_magic.model.trace import Trace
+from autograd_magic.recorder import Recorder
 from autograd_magic.views.text import render_text
 
 DEFAULT_REFRESH_S = 1.0
@@ -69,9 +70,10 @@ class TrackGraphMagics(Magics):
             # `run_cell_async`, which the kernel awaits.
             raise UsageError(_AWAIT_MESSAGE)
         trace, panel, handle = _start(shell, args)
+        recorder = _recorder(shell, args, trace, panel, body)
         value, error = None, None
         try:
-            with autograd_magic.track(trace=trace, home_code=body, namespace=shell.user_ns):
+            with recorder:
                 if is_async:
                     value = shell.loop_runner(_run_async(body, last, shell.user_ns))
                 else:
@@ -81,7 +83,7 @@ class TrackGraphMagics(Magics):
         except BaseException as exc:  # shown in the panel, then re-raised unchanged below
             error = exc
         finally:
-            trace.listen(None)
+            recorder.listen(None)
         return _end(shell, args, trace, panel, handle, value, error, (body, last))
 
 
@@ -92,14 +94,15 @@ async def run_cell_async(line: str, cell: str) -> Any:
     shell: Any = _shell()
     args, body, last = _prepare(shell, line, cell)
     trace, panel, handle = _start(shell, args)
+    recorder = _recorder(shell, args, trace, panel, body)
     value, error = None, None
     try:
-        with autograd_magic.track(trace=trace, home_code=body, namespace=shell.user_ns):
+        with recorder:
             value = await _run_async(body, last, shell.user_ns)
     except BaseException as exc:  # shown in the panel, then re-raised unchanged below
         error = exc
     finally:
-        trace.listen(None)
+        recorder.listen(None)
     return _end(shell, args, trace, panel, handle, value, error, (body, last))
 
 
@@ -149,9 +152,17 @@ def _start(shell: Any, args: Any) -> tuple[Trace, Any, Any]:
     trace = Trace()
     panel, handle = None, None
     if not (args.no_live or args.text) and _widget_frontend(shell):
-        panel = _new_panel(trace, args.max_nodes, args.refresh)
+        panel = _new_panel(trace, args.max_nodes)
         handle = display(panel, display_id=True)
     return trace, panel, handle
+
+
+def _recorder(shell: Any, args: Any, trace: Trace, panel: Any, body: CodeType) -> Recorder:
+    """The recorder for the cell, feeding the live panel (if any) while it records."""
+    recorder = autograd_magic.track(trace=trace, home_code=body, namespace=shell.user_ns)
+    if panel is not None and args.refresh is not None:
+        recorder.listen(panel.live_update, args.refresh)
+    return recorder
 
 
 def _end(
@@ -259,13 +270,11 @@ def _widget_frontend(shell: Any) -> bool:
     return getattr(shell, "kernel", None) is not None
 
 
-def _new_panel(trace: Trace, max_nodes: int, refresh_s: float | None = None) -> Any:
-    """A panel for `trace`; live (updating every `refresh_s`) when `refresh_s` is given."""
+def _new_panel(trace: Trace, max_nodes: int) -> Any:
+    """A panel for `trace` (live when a recorder calls its `live_update`)."""
     from autograd_magic.views import panel  # ipywidgets only when a panel is shown
 
-    if refresh_s is None:
-        return panel.TracePanel(trace, max_nodes=max_nodes)
-    return panel.live_panel(trace, refresh_s=refresh_s, max_nodes=max_nodes)
+    return panel.TracePanel(trace, max_nodes=max_nodes)
 
 
 def _show(

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 import autograd_magic
-from autograd_magic.model.trace import DEFAULT_MAX_RECORDS, Trace
+from autograd_magic import Recorder
+from autograd_magic.model.trace import DEFAULT_MAX_RECORDS
 from benchmarks import graph_view, report_cost
 from benchmarks.results import GRAPH_VIEW_TARGET_S, PANEL_SHARE_TARGET, Row, skipped, verdict
 from benchmarks.timing import Ratio, interleave, ratios
@@ -24,8 +25,8 @@ from benchmarks.workloads import mlp
 PANEL_ENTRY_POINTS = ("live_panel", "attach", "LivePanel", "TracePanel", "Panel")
 
 
-def panel_factory() -> Callable[[Trace], Any] | str:
-    """A callable that attaches a live panel to a trace, or why there is none."""
+def panel_factory() -> Callable[[Recorder], Any] | str:
+    """A callable that attaches a live panel to a running recorder, or why there is none."""
     try:
         module = importlib.import_module("autograd_magic.views.panel")
     except ImportError:
@@ -37,12 +38,13 @@ def panel_factory() -> Callable[[Trace], Any] | str:
     return f"pending: autograd_magic.views.panel has none of {', '.join(PANEL_ENTRY_POINTS)}"
 
 
-def _block(steps: int, attach: Callable[[Trace], Any] | None) -> Callable[[], None]:
+def _block(steps: int, attach: Callable[[Recorder], Any] | None) -> Callable[[], None]:
     step = mlp().step
 
     def run() -> None:
-        with autograd_magic.track() as trace:
-            view = None if attach is None else attach(trace)
+        recorder = autograd_magic.track()
+        with recorder:
+            view = None if attach is None else attach(recorder)
             for _ in range(steps):
                 step()
         close = getattr(view, "close", None)
@@ -52,11 +54,11 @@ def _block(steps: int, attach: Callable[[Trace], Any] | None) -> Callable[[], No
     return run
 
 
-def share(attach: Callable[[Trace], Any], steps: int, rounds: int) -> dict[str, Ratio]:
+def share(attach: Callable[[Recorder], Any], steps: int, rounds: int) -> dict[str, Ratio]:
     """Tracked-with-listener / tracked-without ratios for the panel and a no-op listener."""
 
-    def noop(trace: Trace) -> None:
-        trace.listen(lambda _trace: None)
+    def noop(recorder: Recorder) -> None:
+        recorder.listen(lambda _trace: None)
 
     variants = {
         "tracked": _block(steps, None),

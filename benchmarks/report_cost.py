@@ -30,8 +30,9 @@ def _loop(steps: int, quick: bool) -> tuple[Trace, float, float, float]:
     from autograd_magic.views.panel import live_panel
 
     step = long_loop(quick).step
-    with autograd_magic.track() as trace:
-        panel = live_panel(trace)
+    recorder = autograd_magic.track()
+    with recorder as trace:
+        panel = live_panel(recorder)
         start = time.perf_counter()
         for _ in range(steps):
             step()

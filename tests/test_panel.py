@@ -112,8 +112,9 @@ def test_live_updates_respect_the_time_budget():
 
 def test_live_panel_listens_while_recording_and_close_stops_it():
     x = torch.ones(4, requires_grad=True)
-    with autograd_magic.track(namespace={}) as trace:
-        panel = live_panel(trace, refresh_s=0.0)
+    recorder = autograd_magic.track(namespace={})
+    with recorder:
+        panel = live_panel(recorder, refresh_s=0.0)
         panel.live_budget = float("inf")  # every event renders; the budget has its own test
         y = x
         for _ in range(5):

@@ -10,7 +10,7 @@ that needs them several times computes them once (see `autograd_magic.views.repo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from autograd_magic.model.export import to_networkx, trace_fields, trace_to_json
@@ -37,10 +37,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_RECORDS = 100_000
 DEFAULT_MAX_TIMELINE = 20_000
-__all__ = ["DEFAULT_MAX_RECORDS", "DEFAULT_MAX_TIMELINE", "Listener", "TimelineSample", "Trace"]
-
-
-Listener = Callable[["Trace"], None]
+__all__ = ["DEFAULT_MAX_RECORDS", "DEFAULT_MAX_TIMELINE", "TimelineSample", "Trace"]
 
 
 class Trace:
@@ -80,9 +77,6 @@ class Trace:
         self.peak_retained_bytes = 0
         self.nodes_created = 0
         self.buffers_saved = 0
-        # Who wants to see the trace while it records (the live panel), and how often.
-        self.listener: Listener | None = None
-        self.listen_interval_s = 0.5
 
     @classmethod
     def from_records(
@@ -148,15 +142,6 @@ class Trace:
     def from_json(cls, text: str) -> Trace:
         """Load an export without executing anything."""
         return cls.from_records(**trace_fields(text))
-
-    def listen(self, callback: Listener | None, interval_s: float = 0.5) -> None:
-        """Call `callback(trace)` while the block runs, at most once per `interval_s` seconds.
-
-        It runs on the user's thread between two torch calls (never inside a finalizer); an
-        exception in it unregisters it and is not propagated to user code.
-        """
-        self.listener = callback
-        self.listen_interval_s = interval_s
 
     def __repr__(self) -> str:
         s = self.snapshot()

@@ -161,6 +161,11 @@ class Recorder(NodeRecording, SavedTensorRecording):
             except BaseException as error:
                 pending = error
 
+    def listen(self, callback: Callable[[Trace], None] | None, interval_s: float = 0.5) -> None:
+        """Call `callback(trace)` while the block runs, at most once per `interval_s` seconds,
+        on the user's thread between two torch calls; an exception in it unregisters it."""
+        self.writer.listen(callback, interval_s)
+
     def began_on_this_thread(self) -> bool:
         """True when this block was entered on the calling thread."""
         return self._thread == threading.get_ident()
@@ -285,7 +290,7 @@ class Recorder(NodeRecording, SavedTensorRecording):
         finally:
             self._in_call = False
             self._call_site = None
-        if self.trace.listener is not None:
+        if self.writer.listener is not None:
             self._notify_listener()
         return out
 
@@ -307,7 +312,7 @@ class Recorder(NodeRecording, SavedTensorRecording):
         finally:
             self._in_call = False
             self._call_site = None
-        if self.trace.listener is not None:
+        if self.writer.listener is not None:
             self._notify_listener()
         return out
 

@@ -77,7 +77,7 @@ class RecorderMode(install.BlockMode):
                 # Grad off (an optimizer step, evaluation): a builtin makes no node, saves
                 # nothing and writes nothing, so there is nothing to record.
                 out = call(func, args, kwargs)
-                if recorder.trace.listener is not None:
+                if recorder.writer.listener is not None:
                     recorder._notify_listener()
                 return out
             if not recorder._busy:

@@ -26,6 +26,9 @@ from autograd_magic.model.records import (
 )
 from autograd_magic.model.trace import Trace
 
+# Called with the trace while it records (the live panel).
+Listener = Callable[[Trace], None]
+
 NODES_CREATED = "nodes created"
 NODE_FREED = "node freed"
 BACKWARD_MARKERS = ("backward start", "backward")
@@ -68,6 +71,9 @@ class TraceWriter:
         self._timeline_stride = 1
         self._listened_at = time.monotonic()
         self._calls_to_clock = 0
+        # Who wants to see the trace while it records (the live panel), and how often.
+        self.listener: Listener | None = None
+        self.listen_interval_s = 0.5
 
     # ----- lookups for the recorder -------------------------------------------------------
     def node_record(self, node_id: int) -> NodeRecord | None:
@@ -402,6 +408,15 @@ class TraceWriter:
         self._last_line = None if last is None else last.line
 
     # ----- the live listener ---------------------------------------------------------------
+    def listen(self, callback: Listener | None, interval_s: float = 0.5) -> None:
+        """Call `callback(trace)` while the block runs, at most once per `interval_s` seconds.
+
+        It runs on the user's thread between two torch calls (never inside a finalizer); an
+        exception in it unregisters it and is not propagated to user code.
+        """
+        self.listener = callback
+        self.listen_interval_s = interval_s
+
     def notify(self) -> None:
         """Call the trace's listener if its interval has passed (checked every 32 calls)."""
         # Reading the clock on every torch call costs more than the view: look every 32 calls.
@@ -409,18 +424,18 @@ class TraceWriter:
         if self._calls_to_clock > 0:
             return
         trace = self.trace
-        interval = trace.listen_interval_s
+        interval = self.listen_interval_s
         self._calls_to_clock = 32 if interval > 0 else 1
         if time.monotonic() - self._listened_at < interval:
             return
-        listener = trace.listener
+        listener = self.listener
         if listener is None:
             return
         self.flush()
         try:
             listener(trace)
         except Exception:  # a broken view must not break the user's code
-            trace.listener = None
+            self.listener = None
         # Counted from the end of this update, so updates are at least `interval` apart however
         # long one takes to send.
         self._listened_at = time.monotonic()

@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import html
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import ipywidgets as widgets
 
@@ -65,6 +65,7 @@ class TracePanel:
         self.live_budget = live_budget
         self.view: GraphView | None = None
         self.live_renders = 0
+        self._closed = False  # set by close(): later live updates do nothing
         self._timeline_png = b""
         self._graph_png = b""
         self._tables: ReportTables | None = None
@@ -121,13 +122,15 @@ class TracePanel:
 
     # ----- updating ---------------------------------------------------------------------
     def live_update(self, trace: Trace) -> None:
-        """Listener for `Trace.listen`: refresh the numbers, and the timeline when affordable.
+        """Listener for `Recorder.listen`: refresh the numbers, and the timeline when affordable.
 
         All live work is kept to `live_budget` of the cell's run time so far (4%: the rest of the
         5% budget is the listener check on each torch call and the messages). The numbers may
         use a quarter of it and the timeline the rest, so frequent cheap refreshes never starve
         the timeline: it is redrawn mid-cell whenever its last cost fits its share.
         """
+        if self._closed:
+            return
         start = time.monotonic()
         allowed = self.live_budget * (start - self._started)
         timeline = self._spent_timeline + self._timeline_cost <= allowed * (1 - NUMBERS_SHARE)
@@ -284,7 +287,7 @@ class TracePanel:
 
     def close(self) -> None:
         """Stop live updates and close the widgets (their views disappear)."""
-        self.trace.listen(None)
+        self._closed = True
         for widget in self._widgets():
             widget.close()
 
@@ -406,10 +409,19 @@ def side_by_side_bundle(named: Sequence[tuple[str, Trace]]) -> dict[str, Any]:
     return bundle
 
 
+class Recording(Protocol):
+    """What a live panel needs of the recorder filling its trace (`track()`'s object)."""
+
+    trace: Trace
+
+    def listen(self, callback: Callable[[Trace], None] | None, interval_s: float = ...) -> None:
+        """Have `callback(trace)` called while the block runs."""
+
+
 def live_panel(
-    trace: Trace, refresh_s: float = 1.0, max_nodes: int = DEFAULT_MAX_NODES
+    recorder: Recording, refresh_s: float = 1.0, max_nodes: int = DEFAULT_MAX_NODES
 ) -> TracePanel:
-    """A panel for `trace` that updates itself while the trace records (every `refresh_s`)."""
-    panel = TracePanel(trace, max_nodes=max_nodes)
-    trace.listen(panel.live_update, refresh_s)
+    """A panel for the trace `recorder` fills, updated while it records (every `refresh_s`)."""
+    panel = TracePanel(recorder.trace, max_nodes=max_nodes)
+    recorder.listen(panel.live_update, refresh_s)
     return panel
