@@ -74,7 +74,7 @@ def default_output(script: str) -> str:
 
 def run_script(args: Any) -> int:
     """Run `args.script` as `__main__` under `track(save=...)`; the script's exit code."""
-    import autograd_magic
+    from autograd_magic.api import track
 
     path = Path(args.script)
     if not path.is_file():
@@ -96,7 +96,7 @@ def run_script(args: Any) -> int:
     sys.modules["__main__"] = module
     status, trace = 0, None
     try:
-        with autograd_magic.track(save=output, home_code=code, namespace=module.__dict__) as trace:
+        with track(save=output, home_code=code, namespace=module.__dict__) as trace:
             exec(code, module.__dict__)
     except SystemExit as stop:
         status = _exit_status(stop.code)

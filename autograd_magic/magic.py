@@ -1,9 +1,14 @@
-"""The `%%trackgraph` cell magic: options, running the cell under the recorder, display.
+"""Everything IPython about autograd_magic: the `%%trackgraph` cell magic, the await
+transformer, how traces display themselves, `show()`, and the last cell's trace.
 
-Thin by design: the recorder (`autograd_magic.track`) records, `views.panel` and `views.text`
-render; this module decides what is shown and makes a failing cell fail exactly like a normal
-one, after showing what was recorded. It also holds the await transformer (`await_cells`) that
-runs a cell with top-level `await` on the cell's own event loop.
+Thin by design: the recorder (`api.track`) records, `views.panel` and `views.text` render; this
+module decides what is shown and makes a failing cell fail exactly like a normal one, after
+showing what was recorded. The await transformer (`await_cells`) runs a cell with top-level
+`await` on the cell's own event loop. A `Trace` displays as its finished panel in a Jupyter
+kernel (several traces: comparison tables and panels side by side), as its text report in a
+terminal IPython or plain Python; the model never imports views for that (`register_formatters`).
+No other module of the package knows IPython: the notebook machinery's packages are named to
+the recorder here (`sites.not_user_code`), so their frames never count as the user's line.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import asyncio
 import inspect
 import keyword
 import sys
+from collections.abc import Sequence
 from types import CodeType, FrameType, TracebackType
 from typing import Any
 
@@ -22,11 +28,14 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-import autograd_magic
 from autograd_magic.analysis.layout import DEFAULT_MAX_NODES
+from autograd_magic.api import track
 from autograd_magic.model.trace import Trace
-from autograd_magic.recorder import Recorder
+from autograd_magic.recorder import Recorder, sites
 from autograd_magic.views.text import render_text
+
+# Frames of the notebook machinery around a cell are never the user's line.
+sites.not_user_code(("IPython", "ipykernel", "traitlets", "tornado", "zmq", "jupyter_client"))
 
 DEFAULT_REFRESH_S = 1.0
 
@@ -129,6 +138,7 @@ def await_cells(lines: list[str]) -> list[str]:
 
 
 def _shell() -> Any:
+    """The running IPython shell, or None outside IPython."""
     from IPython import get_ipython
 
     return get_ipython()
@@ -159,7 +169,7 @@ def _start(shell: Any, args: Any) -> tuple[Trace, Any, Any]:
 
 def _recorder(shell: Any, args: Any, trace: Trace, panel: Any, body: CodeType) -> Recorder:
     """The recorder for the cell, feeding the live panel (if any) while it records."""
-    recorder = autograd_magic.track(trace=trace, home_code=body, namespace=shell.user_ns)
+    recorder = track(trace=trace, home_code=body, namespace=shell.user_ns)
     if panel is not None and args.refresh is not None:
         recorder.listen(panel.live_update, args.refresh)
     return recorder
@@ -177,7 +187,8 @@ def _end(
 ) -> Any:
     """Store and show the finished trace; then the cell's value, or its exception unchanged."""
     __tracebackhide__ = True
-    autograd_magic._last_trace = trace
+    global _last_trace
+    _last_trace = trace
     if args.out:
         shell.user_ns[args.out] = trace
     _show(trace, panel, handle, args, error, _widget_frontend(shell))
@@ -323,8 +334,10 @@ TrackGraphMagics.trackgraph.__doc__ = TrackGraphMagics.trackgraph.parser.format_
 
 
 def load(ipython: Any) -> None:
-    """Register `%%trackgraph` on `ipython`, and the transformer for cells with `await`."""
+    """Register `%%trackgraph` on `ipython`, the transformer for cells with `await`, and the
+    display of traces."""
     ipython.register_magics(TrackGraphMagics)
+    register_formatters(ipython)
     cleanup = ipython.input_transformers_cleanup
     if await_cells not in cleanup:
         cleanup.append(await_cells)
@@ -338,3 +351,61 @@ def unload(ipython: Any) -> None:
     cleanup = ipython.input_transformers_cleanup
     while await_cells in cleanup:
         cleanup.remove(await_cells)
+
+
+# ----- the last cell's trace ----------------------------------------------------------------
+_last_trace: Trace | None = None
+
+
+def last_trace() -> Trace | None:
+    """The trace recorded by the most recent `%%trackgraph` cell, if any."""
+    return _last_trace
+
+
+# ----- how traces display themselves ---------------------------------------------------------
+def register_formatters(shell: Any) -> None:
+    """Make `Trace` objects render as their panel in `shell` (idempotent)."""
+    formatter = shell.display_formatter.mimebundle_formatter
+    formatter.for_type(Trace, lambda trace: trace_bundle([("trace", trace)], shell))
+
+
+def _in_kernel(shell: Any) -> bool:
+    return getattr(shell, "kernel", None) is not None
+
+
+def trace_bundle(named: Sequence[tuple[str, Trace]], shell: Any) -> dict[str, Any]:
+    """The display bundle of one trace (its panel) or several (comparison and panels)."""
+    from autograd_magic.views.report_html import comparison_text
+
+    if not _in_kernel(shell):
+        if len(named) == 1:
+            from autograd_magic.views.text import render_text
+
+            return {"text/plain": render_text(named[0][1])}
+        return {"text/plain": comparison_text(named)}
+    from autograd_magic.views.panel import TracePanel, side_by_side_bundle
+
+    if len(named) == 1:
+        return TracePanel(named[0][1])._repr_mimebundle_()
+    return side_by_side_bundle(named)
+
+
+def show(traces: Sequence[Trace], names: Sequence[str] | None = None) -> None:
+    """Display `traces` in IPython, or print their text report outside it."""
+    if not traces:
+        raise TypeError("show() needs at least one Trace")
+    for trace in traces:
+        if not isinstance(trace, Trace):
+            raise TypeError(f"show() takes Trace objects, not {type(trace).__name__}")
+    if names is None:
+        names = [f"trace {i + 1}" for i in range(len(traces))] if len(traces) > 1 else ["trace"]
+    if len(names) != len(traces):
+        raise ValueError(f"show() got {len(traces)} traces but {len(names)} names")
+    named = list(zip(names, traces, strict=True))
+    shell = _shell()
+    if shell is None:
+        print(trace_bundle(named, None)["text/plain"])
+        return
+    from IPython.display import publish_display_data
+
+    publish_display_data(trace_bundle(named, shell))

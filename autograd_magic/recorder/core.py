@@ -405,6 +405,19 @@ class Recorder(NodeRecording, SavedTensorRecording):
         self.writer.blindspot(Blindspot(kind, message.format(line=site.line), site.line))
 
 
+def uninstall_this_thread() -> int:
+    """Remove every recorder still installed on this thread: running, left behind by an
+    interrupt that landed as a block ended, or by a block that ended on another thread; returns
+    how many. Their traces stay unfinished."""
+    blocks = [
+        b for b in install.live_blocks() if isinstance(b, Recorder) and b.began_on_this_thread()
+    ]
+    for block in blocks:
+        block.abandon()
+    install.purge_ended_modes(RecorderMode)
+    return len(blocks) + install.purge_stranded()
+
+
 _LOCALS_MESSAGE = (
     "This Python version's function locals cannot be read without changing them: tensors held "
     "only by local variables are not named."

@@ -1,0 +1,37 @@
+"""The package's functions for scripts and notebooks alike: `track()` and `uninstall()`.
+
+`autograd_magic/__init__.py` re-exports them; the IPython integration (`magic`) and the command
+line build on them, so neither imports the package itself.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from autograd_magic.recorder.core import Recorder, uninstall_this_thread
+from autograd_magic.views.wording import analyze
+
+
+def track(save: str | os.PathLike[str] | None = None, **options: Any) -> Recorder:
+    """Record autograd nodes, saved buffers, shared storage and version bumps in a block.
+
+    `with autograd_magic.track() as trace:` yields a `Trace`, usable during and after the block;
+    its findings are computed when the block ends. `save="trace.json"` writes the trace when the
+    block ends, also after an exception (`{rank}` and `{pid}` are filled in; a failed write is a
+    warning). Other options: `trace` (a `Trace` to fill), `home_code`, `namespace` (where to look
+    up variable names), `name_budget_s`.
+    """
+    options.setdefault("analyze", analyze)
+    if save is not None:
+        from autograd_magic.saving import save_trace
+
+        options["on_exit"] = lambda trace: save_trace(trace, save)
+    return Recorder(**options)
+
+
+def uninstall() -> int:
+    """Remove every recorder still installed on this thread: running, left behind by an
+    interrupt that landed as a block ended, or by a block that ended on another thread; returns
+    how many. Their traces stay unfinished."""
+    return uninstall_this_thread()
