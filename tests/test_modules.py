@@ -188,7 +188,7 @@ def test_the_text_report_and_panel_show_memory_by_module():
 def test_the_summary_merges_repeated_layers_but_not_a_sequentials_different_children():
     """GIVEN a Sequential of Linear, ReLU, Linear WHEN summarised THEN its children are named one
     by one (`model.1`), not merged into `model.*` as repeated layers would be."""
-    from autograd_magic.views.modules import top_modules
+    from autograd_magic.views.module_table import top_modules
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
@@ -246,7 +246,7 @@ def test_the_module_table_shows_identical_repeated_layers_once():
     """GIVEN a 4-layer encoder behind an input projection (so every layer gets an activation,
     and all four save alike) WHEN its module table is built THEN layer 0 is expanded and layers
     1-3 are one row saying they are alike."""
-    from autograd_magic.views.modules import module_table
+    from autograd_magic.views.module_table import module_table
 
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(16, nhead=2, dim_feedforward=32, batch_first=True)
@@ -289,7 +289,7 @@ def test_an_interrupt_while_module_hooks_are_installed_leaves_none_behind(monkey
     assert raised
     assert dict(nn_module._global_forward_pre_hooks) == before[0]
     assert dict(nn_module._global_forward_hooks) == before[1]
-    from autograd_magic.recorder import modules as recorder_modules
+    from autograd_magic.recorder import module_calls as recorder_modules
 
     # (torch's own "any global hook?" check is put back once no tracker is installed)
     assert nn_module._has_any_global_hook is recorder_modules._original_has_any_global_hook

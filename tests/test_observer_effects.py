@@ -216,7 +216,7 @@ for run in range(RUNS):
         install._active.clear()
         install.remove_patches(None)
         from torch.nn.modules import module as nn_module
-        import autograd_magic.recorder.modules as modules
+        import autograd_magic.recorder.module_calls as modules
         nn_module._global_forward_pre_hooks.clear()
         nn_module._global_forward_hooks.clear()
         modules._OUR_HOOKS.clear()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
+from autograd_magic.model.disjoint_sets import DisjointSets
 from autograd_magic.model.records import AliasLink, StorageGroup
 
 
@@ -17,7 +18,7 @@ def storage_groups(
 ) -> list[StorageGroup]:
     """Connected components of shared-memory links; copies listed beside their source's group.
     `alive_at_end` (None while the block runs) hides unnamed temporaries that died."""
-    parent: dict[int, int] = {}
+    sets = DisjointSets()
 
     def label(uid: int) -> str:
         return object_label(labels, uid)
@@ -27,29 +28,19 @@ def storage_groups(
         # the temporaries of `data[i].unsqueeze(0)` would bury the groups users made.
         return alive_at_end is None or uid in alive_at_end or "#" not in label(uid)
 
-    def find(x: int) -> int:
-        while parent.get(x, x) != x:
-            parent[x] = parent.get(parent[x], parent[x])
-            x = parent[x]
-        return x
-
     how: dict[int, str] = {}
     for link in links:
         if link.shares:
-            parent.setdefault(link.source, link.source)
-            parent.setdefault(link.member, link.member)
-            parent[find(link.member)] = find(link.source)
+            sets.join(link.member, link.source)
             how.setdefault(link.member, link.how)
     copies: dict[int, dict[str, str]] = {}
     for link in links:
         if not link.shares:
-            parent.setdefault(link.source, link.source)
-            root = find(link.source)
+            sets.add(link.source)
+            root = sets.find(link.source)
             if worth_showing(link.member):
                 copies.setdefault(root, {})[label(link.member)] = label(link.source)
-    members: dict[int, list[int]] = {}
-    for uid in parent:
-        members.setdefault(find(uid), []).append(uid)
+    members = sets.groups()
     groups = []
     for root, all_uids in sorted(members.items()):
         uids = [u for u in all_uids if worth_showing(u)]

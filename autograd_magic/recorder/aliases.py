@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from autograd_magic.model.disjoint_sets import DisjointSets
 from autograd_magic.model.records import AliasLink, Blindspot, Site, VersionBump
 from autograd_magic.recorder.identity import ObjectRegistry
 from autograd_magic.recorder.naming import find_names, resolve_param_marks
@@ -385,20 +386,11 @@ def _saved_name(saved_shape: tuple[int, ...], path: str, shape: tuple[int, ...])
 
 def _version_groups(links: list[AliasLink]) -> dict[int, list[int]]:
     """uid -> every uid sharing its version counter (detach and views do; .data, NumPy do not)."""
-    parent: dict[int, int] = {}
-
-    def find(x: int) -> int:
-        while parent.get(x, x) != x:
-            x = parent[x]
-        return x
-
+    sets = DisjointSets()
     for link in links:
         if link.shares and link.how in VERSION_SHARING_HOWS:
-            parent[find(link.member)] = find(link.source)
-    groups: dict[int, list[int]] = {}
-    for uid in set(parent) | set(parent.values()):
-        groups.setdefault(find(uid), []).append(uid)
-    return {uid: members for members in groups.values() for uid in members}
+            sets.join(link.member, link.source)
+    return {uid: members for members in sets.groups().values() for uid in members}
 
 
 def _write_targets(args: tuple, kwargs: dict) -> list[torch.Tensor]:

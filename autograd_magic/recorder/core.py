@@ -35,7 +35,7 @@ from autograd_magic.recorder.backward import run_backward
 from autograd_magic.recorder.caller import CallerStandIns, StandIn
 from autograd_magic.recorder.deferred import take
 from autograd_magic.recorder.mode import KINDS, PLAIN, RecorderMode
-from autograd_magic.recorder.modules import ModuleTracker
+from autograd_magic.recorder.module_calls import ModuleTracker
 from autograd_magic.recorder.naming import frame_namespace
 from autograd_magic.recorder.nodes import NodeRecording, current_sequence_nr, grad_fn_of
 from autograd_magic.recorder.ops import OpKind, classify

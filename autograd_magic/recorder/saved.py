@@ -1,8 +1,9 @@
 """Saved-tensor hooks: see every tensor autograd saves for backward, and when it lets go.
 
-Two traps (see NOTES.md) shape this module: the packed object keeps `t.detach()`, never `t`
-(a saved output's `grad_fn` is the saving node, so keeping `t` makes an uncollectable cycle), and
-`unpack` re-does the in-place check PyTorch skips while hooks are installed.
+Two traps shape this module: the packed object keeps `t.detach()`, never `t` (a saved output's
+`grad_fn` is the saving node, so keeping `t` makes an uncollectable cycle), and `unpack` re-does
+the checks PyTorch skips while hooks are installed (in place modified, detached in place). What
+is read to assign buffers to nodes runs only our own unpack hook (`probe_saved`).
 """
 
 from __future__ import annotations

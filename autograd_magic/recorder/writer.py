@@ -409,11 +409,7 @@ class TraceWriter:
 
     # ----- the live listener ---------------------------------------------------------------
     def listen(self, callback: Listener | None, interval_s: float = 0.5) -> None:
-        """Call `callback(trace)` while the block runs, at most once per `interval_s` seconds.
-
-        It runs on the user's thread between two torch calls (never inside a finalizer); an
-        exception in it unregisters it and is not propagated to user code.
-        """
+        """See `Recorder.listen` (never called inside a finalizer: `notify` runs between ops)."""
         self.listener = callback
         self.listen_interval_s = interval_s
 

@@ -14,7 +14,7 @@ from autograd_magic.model.records import BackwardCall, NodeRecord, SavedBuffer
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import format_bytes, where
 from autograd_magic.views.graph_table import graph_table
-from autograd_magic.views.modules import module_table, top_modules_text
+from autograd_magic.views.module_table import module_table, top_modules_text
 from autograd_magic.views.tables import (
     MAX_TABLE_ROWS,
     TEXT_TABLE_ROWS,
