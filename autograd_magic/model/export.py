@@ -40,14 +40,19 @@ READABLE_VERSIONS = (1, 2)  # a version-1 export reads as a trace without module
 
 
 def to_networkx(nodes: Iterable[NodeRecord], buffers: Iterable[SavedBuffer]) -> networkx.DiGraph:
-    """Nodes keyed by id (name, alive, born/freed lines, saved bytes); edges node -> next."""
+    """Nodes keyed by id (name, alive, born/freed lines, saved bytes); edges node -> next.
+
+    `saved_bytes` means what it means everywhere (the Modules table, the graph view): bytes the
+    graph owns; what a node saved of leaves and parameters is `leaf_saved_bytes`."""
     import networkx  # loaded when a graph is first asked for, not with the package
 
     nodes = list(nodes)
     saved: dict[int, int] = {}
+    leaf: dict[int, int] = {}
     for buffer in buffers:
         if buffer.node_id is not None:
-            saved[buffer.node_id] = saved.get(buffer.node_id, 0) + buffer.nbytes
+            into = leaf if buffer.is_leaf else saved
+            into[buffer.node_id] = into.get(buffer.node_id, 0) + buffer.nbytes
     graph = networkx.DiGraph()
     for node in nodes:
         graph.add_node(
@@ -57,6 +62,7 @@ def to_networkx(nodes: Iterable[NodeRecord], buffers: Iterable[SavedBuffer]) -> 
             born_line=node.born_line,
             freed_line=node.freed_line,
             saved_bytes=saved.get(node.id, 0),
+            leaf_saved_bytes=leaf.get(node.id, 0),
             existed_before=node.existed_before,
         )
     for node in nodes:
