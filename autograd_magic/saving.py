@@ -88,8 +88,12 @@ def load_trace_file(path: str | os.PathLike[str]) -> tuple[Trace, dict[str, Any]
         raise TraceFileError(f"{name}: is a folder, not a trace file") from None
     except (OSError, UnicodeDecodeError) as error:
         raise TraceFileError(f"{name}: cannot be read ({error})") from None
+    if not text.strip():
+        raise TraceFileError(f"{name}: empty file ({len(text.encode())} bytes), not a trace")
     try:
         document = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise TraceFileError(f"{name}: {_json_problem(text, error)}") from None
     except ValueError:
         document = None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
@@ -106,3 +110,32 @@ def load_trace_file(path: str | os.PathLike[str]) -> tuple[Trace, dict[str, Any]
         raise TraceFileError(f"{name}: not a readable autograd_magic trace ({error})") from None
     run = document.get("run")
     return trace, run if isinstance(run, dict) else {}
+
+
+def _json_problem(text: str, error: json.JSONDecodeError) -> str:
+    """What is wrong with a file that is not JSON: cut off, or broken at a place."""
+    if _ends_inside_a_value(text):
+        size = len(text.encode())
+        return f"cut off at byte {size:,}: the JSON ends before the trace does (truncated file?)"
+    place = f"line {error.lineno}, column {error.colno}"
+    return f"not an autograd_magic trace (not JSON: {error.msg} at {place})"
+
+
+def _ends_inside_a_value(text: str) -> bool:
+    """True when `text` stops inside a string or an open object or list (only called on error)."""
+    depth, in_string, escaped = 0, False, False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+    return in_string or depth > 0

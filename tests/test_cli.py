@@ -113,6 +113,11 @@ def test_sys_exit_gives_the_same_status(tmp_path, code, status, message):
 
 def bad_inputs(folder: Path) -> dict[str, tuple[list[str], str]]:
     (folder / "notes.txt").write_text("hello")
+    (folder / "empty.json").write_text("")
+    (folder / "cut.json").write_text(autograd_magic.Trace().to_json()[:40])
+    keyless = json.loads(autograd_magic.Trace().to_json())
+    del keyless["buffers"]
+    (folder / "keyless.json").write_text(json.dumps(keyless))
     (folder / "other.json").write_text(json.dumps({"format": "something.else"}))
     newer = json.loads(autograd_magic.Trace().to_json())
     newer["version"] = FORMAT_VERSION + 1
@@ -121,6 +126,12 @@ def bad_inputs(folder: Path) -> dict[str, tuple[list[str], str]]:
         "missing script": (["run", "nope.py"], "nope.py: no such script"),
         "missing file": (["report", "gone.json"], "gone.json: no such file"),
         "text file": (["report", "notes.txt"], "notes.txt: not an autograd_magic trace"),
+        "empty file": (["report", "empty.json"], "empty.json: empty file (0 bytes)"),
+        "truncated file": (["report", "cut.json"], "cut.json: cut off at byte 40"),
+        "missing key": (
+            ["report", "keyless.json"],
+            "keyless.json: not a readable autograd_magic trace (buffers: missing",
+        ),
         "other json": (["report", "other.json"], "other.json: not an autograd_magic trace"),
         "newer": (["report", "newer.json"], "written by a newer autograd_magic"),
     }

@@ -142,6 +142,9 @@ def trace_fields(text: str) -> dict[str, Any]:
             f"trace export version {version!r} is not supported "
             f"(this autograd_magic reads version {FORMAT_VERSION})"
         )
+    missing = [key for key in _required_keys(version) if key not in document]
+    if missing:
+        raise ValueError(f"{missing[0]}: missing (a version-{version} export has every field)")
     max_records = check_int(document.get("max_records"), "max_records", 1, MAX_CAP)
     max_timeline = check_int(document.get("max_timeline"), "max_timeline", 1, MAX_CAP)
     fields: dict[str, Any] = {"max_records": max_records, "max_timeline": max_timeline}
@@ -169,6 +172,12 @@ def trace_fields(text: str) -> dict[str, Any]:
             raise ValueError(f"alive_at_end: more than the cap of {max_records}")
     fields["alive_at_end"] = alive
     return fields
+
+
+def _required_keys(version: int) -> tuple[str, ...]:
+    """The top-level fields every export of `version` writes (`trace_to_json`'s keys)."""
+    keys = (*_SCALARS, "error_site", *_LISTS, "timeline", "labels", "object_kinds", "alive_at_end")
+    return (*keys, "module_calls", "module_types") if version >= 2 else keys
 
 
 def _sample(values: Any, where: str) -> TimelineSample:
