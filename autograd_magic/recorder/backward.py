@@ -15,6 +15,7 @@ from autograd_magic.model.records import BackwardCall, Site
 from autograd_magic.model.units import describe_error
 from autograd_magic.recorder import install
 from autograd_magic.recorder.ops import OpKind
+from autograd_magic.recorder.tracebacks import drop_recorder_tail
 
 if TYPE_CHECKING:
     from autograd_magic.recorder.writer import TraceWriter
@@ -79,6 +80,7 @@ def run_backward(host: BackwardHost, func: Any, kind: OpKind, args: tuple, kwarg
         call.error = describe_error(exc)
         call.error_type = type(exc).__name__
         call.reached = tuple(reached)
+        drop_recorder_tail(exc)
         raise
     finally:
         writer.backward_ended(call)

@@ -16,6 +16,7 @@ import torch
 from autograd_magic.recorder import install
 from autograd_magic.recorder.deferred import pending, raise_pending
 from autograd_magic.recorder.ops import OpKind
+from autograd_magic.recorder.tracebacks import hide_dispatch
 
 # What each torch function does depends only on the function: classified once per process.
 KINDS: dict[Any, tuple[OpKind, str]] = {}
@@ -53,36 +54,41 @@ class RecorderMode(install.BlockMode):
             # bookkeeping is not traceable; tracing it breaks the graph and emits warnings).
             return func(*args, **(kwargs or {}))
         __tracebackhide__ = True  # IPython leaves the recorder out of the user's traceback
-        if pending:  # an interrupt caught in one of our finalizers: raise it before this call
-            raise_pending()
-        recorder = self.recorder
-        if recorder is None:
-            # Put back on the stack after its block ended (see install.purge_ended_modes), or
-            # left by a block that ended on another thread: its hooks go now.
-            install.remove_stranded_hooks()
-            return func(*args, **(kwargs or {}))
-        # A builtin runs from a stand-in for the caller's frame (C++ warnings land there);
-        # a Python function has its own frame for that. Not under a debugger or tracer (the
-        # stand-in's line would hit the user's breakpoints a second time), nor a profiler (it
-        # would list the stand-in as a function of the user's file).
-        builtin = type(func) is not _PyFunction
-        if builtin and _gettrace() is None and _getprofile() is None:
-            call = recorder._stand_ins.for_frame(_frame(1))
-        else:
-            call = plain_call
-        if types and not _plain_types(types):
-            return recorder._on_subclass(func, args, kwargs or {}, call)
-        if func in PLAIN and not (kwargs and "out" in kwargs):
-            if builtin and not _grad_enabled():
-                # Grad off (an optimizer step, evaluation): a builtin makes no node, saves
-                # nothing and writes nothing, so there is nothing to record.
-                out = call(func, args, kwargs)
-                if recorder.writer.listener is not None:
-                    recorder._notify_listener()
-                return out
-            if not recorder._busy:
-                return recorder._on_plain(func, args, kwargs, call)
-        return recorder._on_call(func, args, kwargs or {}, call)
+        try:
+            if pending:  # an interrupt caught in one of our finalizers: raise it before this call
+                raise_pending()
+            recorder = self.recorder
+            if recorder is None:
+                # Put back on the stack after its block ended (see install.purge_ended_modes), or
+                # left by a block that ended on another thread: its hooks go now.
+                install.remove_stranded_hooks()
+                return func(*args, **(kwargs or {}))
+            # A builtin runs from a stand-in for the caller's frame (C++ warnings land there);
+            # a Python function has its own frame for that. Not under a debugger or tracer (the
+            # stand-in's line would hit the user's breakpoints a second time), nor a profiler (it
+            # would list the stand-in as a function of the user's file).
+            builtin = type(func) is not _PyFunction
+            if builtin and _gettrace() is None and _getprofile() is None:
+                call = recorder._stand_ins.for_frame(_frame(1))
+            else:
+                call = plain_call
+            if types and not _plain_types(types):
+                return recorder._on_subclass(func, args, kwargs or {}, call)
+            if func in PLAIN and not (kwargs and "out" in kwargs):
+                if builtin and not _grad_enabled():
+                    # Grad off (an optimizer step, evaluation): a builtin makes no node, saves
+                    # nothing and writes nothing, so there is nothing to record.
+                    out = call(func, args, kwargs)
+                    if recorder.writer.listener is not None:
+                        recorder._notify_listener()
+                    return out
+                if not recorder._busy:
+                    return recorder._on_plain(func, args, kwargs, call)
+            return recorder._on_call(func, args, kwargs or {}, call)
+        except BaseException:
+            # torch's dispatch to this mode exists only because the mode does (see tracebacks).
+            hide_dispatch(_frame(1))
+            raise
 
 
 def _plain_types(types: tuple) -> bool:
