@@ -161,3 +161,43 @@ def test_ten_thousand_node_graph_renders_quickly():
     elapsed = time.perf_counter() - start
     assert len(view.boxes) == len(trace.nodes)
     assert elapsed < 10.0  # ~1.5-2 s measured on a shared 2-core machine
+
+
+def _per_sample_losses(samples: int) -> autograd_magic.Trace:
+    """Forward every sample, keep every loss: one MseLoss box per sample on the same layer."""
+    model = torch.nn.Linear(4, 1)
+    with autograd_magic.track(namespace={}) as trace:
+        losses = [
+            torch.nn.functional.mse_loss(model(torch.randn(1, 4)), torch.zeros(1, 1))
+            for _ in range(samples)
+        ]
+        sum(losses).backward()
+    return trace
+
+
+def test_graph_labels_never_overlap_and_the_left_out_ones_are_counted():
+    """GIVEN 32 per-sample losses on one layer of the graph view WHEN drawn THEN no two labels
+    overlap, and a note counts the labels left out."""
+    view = layout.graph_view(_per_sample_losses(32), max_nodes=400, depth=0)  # one box per op
+    fig = plots.graph_figure(view)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    boxes = [t.get_window_extent(renderer) for ax in fig.axes for t in ax.texts]
+    overlapping = [
+        (i, j) for i in range(len(boxes)) for j in range(i) if boxes[i].overlaps(boxes[j])
+    ]
+    assert overlapping == []
+    assert any("labels left out where they would overlap" in t for t in texts(fig))
+
+
+def test_timeline_ticks_count_whole_events():
+    """GIVEN a timeline of about a dozen events (its default ticks were 2.5, 7.5, ...) WHEN drawn
+    THEN every tick is a whole event."""
+    trace = handmade_trace()
+    last = trace.timeline[-1]
+    trace.timeline += [last._replace(seq=last.seq + 1 + k) for k in range(9)]
+    fig = plots.timeline_figure(trace)
+    ticks = fig.axes[1].get_xticks()
+    assert all(float(t).is_integer() for t in ticks), ticks
