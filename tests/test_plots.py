@@ -201,3 +201,17 @@ def test_timeline_ticks_count_whole_events():
     fig = plots.timeline_figure(trace)
     ticks = fig.axes[1].get_xticks()
     assert all(float(t).is_integer() for t in ticks), ticks
+
+
+def test_the_variable_that_keeps_a_graph_alive_is_drawn_with_it():
+    """GIVEN a loop that keeps every loss in `history` WHEN the graph is drawn THEN the box of the
+    losses says it is held by `history[...]` (the answer to "who keeps this alive?")."""
+    w = torch.rand(8, requires_grad=True)
+    namespace: dict = {}
+    with autograd_magic.track(namespace=namespace) as trace:
+        history = namespace["history"] = []
+        for _ in range(5):
+            history.append((w * 2).sum())
+    labels = texts(plots.graph_figure(layout.graph_view(trace)))
+    held = sorted(label.split("held by ")[1] for label in labels if "held by " in label)
+    assert held == [f"history[{i}]" for i in range(5)], labels  # one box per loss here

@@ -37,6 +37,7 @@ class Box:
     type: str = ""
     modules: int = 0
     params: int = 0  # leaves (parameters, inputs) folded into this box
+    holders: list[str] = field(default_factory=list)  # user paths keeping a root here alive
 
     @property
     def label(self) -> str:
@@ -109,6 +110,9 @@ def _graph_view(trace: Trace, max_nodes: int, depth: int | None) -> GraphView:
     for node, nbytes in held.items():
         if node in box_of:
             boxes[box_of[node]].held_bytes += nbytes
+    for holder in trace.holders:
+        if holder.node_id in box_of:
+            boxes[box_of[holder.node_id]].holders.append(holder.path)
     edges = {
         (a, b) for u, vs in next_ids.items() for v in vs if (a := box_of[u]) != (b := box_of[v])
     }

@@ -89,29 +89,26 @@ def _labels(
     sizes: Sequence[float],
     width: float,
 ) -> None:
-    """Each box's label right of its dot (a chain of modules reads top to bottom); a label that
-    would run into the label before it or the next dot on its layer is left out (the table lists
-    every box), and a note says how many."""
+    """Each box's label right of its dot (a chain of modules reads top to bottom). Boxes a user's
+    variable keeps alive are labelled first, with the variable; a label that would run into
+    another label or another dot on its layer is left out (the table lists every box), and a note
+    says how many."""
     low, high = ax.get_xlim()
     points_per_x = width * 72 * 0.9 / ((high - low) or 1)  # the axes span ~90% of the figure
-    order = sorted(range(len(boxes)), key=lambda i: (ys[i], xs[i]))
-    ends: dict[float, float] = {}  # layer -> where its last label ends, in points
+    taken: dict[float, list[tuple[float, float]]] = {}  # layer -> spans in points
+    for x, y, size in zip(xs, ys, sizes, strict=True):
+        centre, radius = (x - low) * points_per_x, math.sqrt(size) / 2
+        taken.setdefault(y, []).append((centre - radius, centre + radius))
     left_out = 0
-    for rank, index in enumerate(order):
+    for index in sorted(range(len(boxes)), key=lambda i: (not boxes[i].holders, ys[i], xs[i])):
         box, x, y, size = boxes[index], xs[index], ys[index], sizes[index]
         text = _short_label(box)
         start = (x - low) * points_per_x + math.sqrt(size) / 2 + 4
         end = start + 7 * 0.6 * max(len(part) for part in text.split("\n")) + 4
-        after = order[rank + 1] if rank + 1 < len(order) else None
-        next_dot = (
-            math.inf
-            if after is None or ys[after] != y
-            else (xs[after] - low) * points_per_x - math.sqrt(sizes[after]) / 2
-        )
-        if start < ends.get(y, -math.inf) or end > next_dot:
+        if any(a < end and start < b for a, b in taken[y]):
             left_out += 1
             continue
-        ends[y] = end
+        taken[y].append((start, end))
         ax.annotate(
             text,
             (x, y),
@@ -162,7 +159,13 @@ def _legend(ax: Any, view: GraphView) -> None:
 
 
 def _short_label(box: Box) -> str:
-    """'Sum L4' with its bytes under it; a module: path, class, nodes and bytes on three lines."""
+    """'Sum L4' with its bytes under it; a module: path, class, nodes and bytes on two lines;
+    then the variable that keeps the box's graph alive, if any."""
+    text = _box_text(box)
+    return f"{text}\n{_held_by(box.holders)}" if box.holders else text
+
+
+def _box_text(box: Box) -> str:
     if box.module:
         repeat = f" x{box.modules}" if box.modules > 1 else ""
         size = f", {format_bytes(box.saved_bytes)}" if box.saved_bytes else ""
@@ -175,6 +178,12 @@ def _short_label(box: Box) -> str:
         f" +{box.params} leaves" if box.params and not box.leaf else ""
     )
     return f"{text}\n{format_bytes(box.saved_bytes)}" if box.saved_bytes else text
+
+
+def _held_by(paths: list[str]) -> str:
+    """'held by history[0], +31 more': who keeps the box's graph alive."""
+    more = f", +{len(paths) - 1} more" if len(paths) > 1 else ""
+    return f"held by {paths[0]}{more}"
 
 
 def timeline_figure(
