@@ -215,3 +215,23 @@ def test_the_variable_that_keeps_a_graph_alive_is_drawn_with_it():
     labels = texts(plots.graph_figure(layout.graph_view(trace)))
     held = sorted(label.split("held by ")[1] for label in labels if "held by " in label)
     assert held == [f"history[{i}]" for i in range(5)], labels  # one box per loss here
+
+
+def test_a_graph_kept_after_backward_is_drawn_alive_with_its_saved_tensors_released():
+    """GIVEN losses kept in a list after backward freed their saved tensors WHEN drawn THEN their
+    boxes have the 'alive, saved tensors released' colour, named in the legend."""
+    w = torch.rand(8, requires_grad=True)
+    namespace: dict = {}
+    with autograd_magic.track(namespace=namespace) as trace:
+        history = namespace["history"] = []
+        for _ in range(3):
+            loss = (w.exp() * 2).sum()
+            loss.backward()
+            history.append(loss)
+    view = layout.graph_view(trace)
+    fig = plots.graph_figure(view)
+    colours = [to_hex(c) for c in fig.axes[0].collections[0].get_facecolors()]
+    exp_boxes = [i for i, box in enumerate(view.boxes) if box.name == "ExpBackward0"]
+    assert exp_boxes and all(colours[i] == plots.RELEASED for i in exp_boxes)
+    legend = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert "alive, saved tensors released" in legend

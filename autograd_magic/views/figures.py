@@ -25,6 +25,7 @@ from autograd_magic.model.units import ACCUMULATE_GRAD, format_bytes
 from autograd_magic.views.series import envelope, x_axis
 
 ALIVE, FREED, LEAF = "#e8590c", "#adb5bd", "#2f9e44"
+RELEASED = "#f7b98f"  # alive, but its saved tensors already released (a pale ALIVE)
 # Mid tones, each over 4:1 against both white and JupyterLab's dark background (#111).
 NODES_COLOR, BYTES_COLOR, BACKWARD_COLOR, ERROR_COLOR = "#1c7ed6", "#e8590c", "#845ef7", "#e03131"
 INK = "#7b8189"  # text and axes: about 4:1 contrast on both white and JupyterLab dark
@@ -60,8 +61,8 @@ def graph_figure(view: GraphView, selected: int | None = None, width: float = 9.
     ax.plot(edge_x, edge_y, color="#a5acb3", lw=0.6, zorder=1, antialiased=not many)
     biggest = max(b.saved_bytes for b in boxes) or 1
     sizes = [30 + 470 * math.sqrt(b.saved_bytes / biggest) for b in boxes]
-    rgba = {c: to_rgba(c) for c in (LEAF, ALIVE, FREED)}  # an array: names parse slowly
-    colours = numpy.array([rgba[LEAF if b.leaf else ALIVE if b.alive else FREED] for b in boxes])
+    rgba = {c: to_rgba(c) for c in (LEAF, ALIVE, RELEASED, FREED)}  # names parse slowly
+    colours = numpy.array([rgba[_colour(b)] for b in boxes])
     ax.scatter(xs, ys, s=sizes, c=colours, edgecolors="#343a40", linewidths=0.4, zorder=2)
     if selected is not None and 0 <= selected < len(boxes):
         ax.scatter(
@@ -79,6 +80,15 @@ def graph_figure(view: GraphView, selected: int | None = None, width: float = 9.
         _labels(ax, boxes, xs, ys, sizes, width)
     _legend(ax, view)
     return fig
+
+
+def _colour(box: Box) -> str:
+    """Leaf; alive and holding saved tensors; alive with its saved tensors released; freed."""
+    if box.leaf:
+        return LEAF
+    if not box.alive:
+        return FREED
+    return RELEASED if box.saved_bytes and not box.held_bytes else ALIVE
 
 
 def _labels(
@@ -134,13 +144,18 @@ def _labels(
 def _legend(ax: Any, view: GraphView) -> None:
     handles = [
         Line2D([], [], marker="o", ls="", color=c, label=t)
-        for c, t in ((ALIVE, "alive"), (FREED, "freed"), (LEAF, "leaf (AccumulateGrad)"))
+        for c, t in (
+            (ALIVE, "alive"),
+            (RELEASED, "alive, saved tensors released"),
+            (FREED, "freed"),
+            (LEAF, "leaf (AccumulateGrad)"),
+        )
     ]
     # Below the drawing, not over it: a wide graph reaches every corner.
     ax.figure.legend(
         handles=handles,
         loc="outside lower center",
-        ncols=3,
+        ncols=4,
         fontsize=7,
         frameon=False,
         labelcolor=INK,
