@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 
 import pytest
+import torch
 from instrumentation import installed
 
 
@@ -14,6 +15,21 @@ def no_instrumentation_left_behind():
     before = installed()
     yield
     assert installed() == before, "autograd_magic left instrumentation installed"
+
+
+@pytest.fixture
+def shell():
+    """A fresh-enough IPython shell with the extension loaded, torch imported, no colours; the
+    names cells commonly bind are dropped afterwards."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("colors", "nocolor")
+    ip.extension_manager.load_extension("autograd_magic")
+    ip.user_ns["torch"] = torch
+    yield ip
+    for name in ("ran", "tr", "a", "b", "c", "d", "e", "x", "y", "cell_end"):
+        ip.user_ns.pop(name, None)
 
 
 @pytest.fixture

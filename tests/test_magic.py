@@ -8,27 +8,14 @@ import time
 
 import comm
 import pytest
-import torch
 from comm import DummyComm
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
 import autograd_magic
 from autograd_magic import magic
 from autograd_magic.magic import await_cells
 from autograd_magic.model.trace import Trace
-
-
-@pytest.fixture
-def shell():
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("colors", "nocolor")
-    ip.extension_manager.load_extension("autograd_magic")
-    ip.user_ns["torch"] = torch
-    yield ip
-    for name in ("ran", "tr", "a", "b", "c", "d", "e", "x", "y", "cell_end"):
-        ip.user_ns.pop(name, None)
 
 
 @pytest.fixture

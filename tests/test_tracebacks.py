@@ -6,19 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-import torch
-from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
-
-
-@pytest.fixture
-def shell():
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("colors", "nocolor")
-    ip.extension_manager.load_extension("autograd_magic")
-    ip.user_ns["torch"] = torch
-    return ip
-
 
 SAVED_TENSOR_WRITTEN = """\
 x = torch.ones(3, requires_grad=True)
