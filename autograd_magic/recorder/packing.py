@@ -52,7 +52,10 @@ class SavedTensorRecording:
         try:
             buffer_id = self._next_buffer_id
             self._next_buffer_id = buffer_id + 1
-            packed = PackedSaved(tensor, self._writer_ref, buffer_id, self._is_old(tensor))
+            grad_fn: Any = tensor.grad_fn  # read once: PackedSaved needs it too
+            packed = PackedSaved(
+                tensor, grad_fn, self._writer_ref, buffer_id, self._is_old(grad_fn)
+            )
             writer, trace = self.writer, self.trace
             # Counted as soon as `packed` exists: its finalizer uncounts it.
             writer.live_buffers += 1
@@ -89,11 +92,10 @@ class SavedTensorRecording:
         finally:
             self._busy -= 1
 
-    def _is_old(self, tensor: torch.Tensor) -> bool:
-        """True when `tensor.grad_fn` is surely not the node saving it (then `tensor` is an input
-        or a leaf, which PyTorch keeps whole): none, already tagged, or made before the block on
-        this thread (sequence numbers are per thread)."""
-        grad_fn: Any = tensor.grad_fn
+    def _is_old(self, grad_fn: Any) -> bool:
+        """True when `grad_fn` (the saved tensor's) is surely not the node saving it (then the
+        tensor is an input or a leaf, which PyTorch keeps whole): none, already tagged, or made
+        before the block on this thread (sequence numbers are per thread)."""
         return (
             grad_fn is None
             or self._key in grad_fn.metadata

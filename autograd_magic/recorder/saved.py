@@ -40,6 +40,7 @@ class PackedSaved:
     def __init__(
         self,
         tensor: torch.Tensor,
+        grad_fn: Any,
         writer_ref: weakref.ref[TraceWriter],
         buffer_id: int,
         keep_original: bool = False,
@@ -56,11 +57,10 @@ class PackedSaved:
             # The error message names a kept tensor's producer as it is then (see below).
             self.grad_fn_name = self.output_nr = None
             # A kept non-leaf that loses its grad_fn was detached in place: PyTorch refuses it.
-            self.had_grad_fn = tensor.grad_fn is not None
+            self.had_grad_fn = grad_fn is not None
         else:
             self.had_grad_fn = False
             self.tensor = tensor.detach()
-            grad_fn = tensor.grad_fn
             self.grad_fn_name = None if grad_fn is None else grad_fn.name()
             self.output_nr = tensor.output_nr
         # A view of a parameter (addmm saves `weight.t()`) lives on the parameter's memory, which
