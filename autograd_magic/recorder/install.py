@@ -31,6 +31,7 @@ from torch.utils._device import DeviceContext
 
 from autograd_magic.model.records import BlindspotKind
 from autograd_magic.recorder import deferred, dynamo, warnings_site
+from autograd_magic.recorder.frames import DISPATCH_TO_MODES, is_recorder
 
 _autograd = torch._C._autograd
 # Each patch, traced by torch.compile, is the original call and nothing else (see `dynamo`):
@@ -121,14 +122,20 @@ class BlockMode(TorchFunctionMode):
     """Base of the recorder's function mode: the modes this module recognizes as a block's."""
 
 
+def _only_block_modes(stack: list[Any]) -> bool:
+    """True when every function mode on `stack` is a block's (an empty stack too)."""
+    return all(isinstance(mode, BlockMode) for mode in stack)
+
+
 def _has_torch_function(relevant_args: Any) -> bool:
     # Library code asks this to choose an algorithm (the fast paths of nn.MultiheadAttention and
     # nn.TransformerEncoderLayer under eval + no_grad): it gets the answer it gets untracked.
     # (Dispatch sites bind the builtin at import and still route calls through the mode.)
-    if not _ORIGINAL_HAS_TORCH_FUNCTION(relevant_args) or torch.compiler.is_compiling():
-        return _ORIGINAL_HAS_TORCH_FUNCTION(relevant_args)
+    answer = _ORIGINAL_HAS_TORCH_FUNCTION(relevant_args)
+    if not answer or _is_compiling():
+        return answer
     stack = _get_current_function_mode_stack()
-    if not stack or not all(isinstance(mode, BlockMode) for mode in stack):
+    if not stack or not _only_block_modes(stack):
         return True  # another mode is there: the answer is True with or without ours
     modes = [_pop_mode() for _ in stack]
     try:
@@ -146,12 +153,11 @@ def _stop_here(debugger: bdb.Bdb, frame: FrameType) -> bool:
     caller: FrameType | None = frame
     while caller is not None:
         code = caller.f_code
-        if code is _DISPATCH_TO_MODES:
-            if all(isinstance(mode, BlockMode) for mode in _get_current_function_mode_stack()):
+        if code is DISPATCH_TO_MODES:
+            if _only_block_modes(_get_current_function_mode_stack()):
                 return False
             break
-        name = caller.f_globals.get("__name__")
-        if isinstance(name, str) and name.startswith(_PACKAGE):
+        if is_recorder(caller):
             if caller is frame or code not in PASS_THROUGH:
                 return False
             break
@@ -197,7 +203,6 @@ _suspended: list[weakref.ref[Patched]] = []
 _ORIGINAL_FROM_NUMPY = torch.from_numpy
 _ORIGINAL_STOP_HERE = bdb.Bdb.stop_here
 _PACKAGE = __name__.partition(".")[0] + "."
-_DISPATCH_TO_MODES = torch.overrides.handle_torch_function.__code__
 _ORIGINAL_HAS_TORCH_FUNCTION = torch.overrides.has_torch_function
 _ORIGINAL_HOOKS_ENTER = _HOOKS_CLASS.__enter__
 _ORIGINAL_HOOKS_DISABLE = _autograd._saved_tensors_hooks_disable

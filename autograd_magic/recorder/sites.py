@@ -15,12 +15,12 @@ import torch
 
 from autograd_magic.model.records import UNKNOWN_SITE, Site
 from autograd_magic.recorder.caller import STAND_IN_NAME
+from autograd_magic.recorder.frames import PACKAGE_DIR
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # autograd_magic/
 _LIBRARY_PREFIXES: tuple[str, ...] = tuple(
     {
         os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
-        _PACKAGE_DIR + os.sep,
+        PACKAGE_DIR,
         sysconfig.get_paths()["stdlib"] + os.sep,
         sysconfig.get_paths()["platstdlib"] + os.sep,
         "<frozen ",

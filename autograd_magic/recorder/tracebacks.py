@@ -14,16 +14,13 @@ from __future__ import annotations
 
 from types import FrameType
 
-import torch
-
-_DISPATCH_TO_MODES = torch.overrides.handle_torch_function.__code__
-_PACKAGE = __name__.partition(".")[0] + "."
+from autograd_magic.recorder.frames import DISPATCH_TO_MODES, is_recorder
 
 
 def hide_dispatch(caller: FrameType | None) -> None:
     """Mark `caller` (the frame that called the mode) hidden when it is torch's dispatch to modes,
     with the Python torch function frame above it. Runs only on the way out of an error."""
-    if caller is None or caller.f_code is not _DISPATCH_TO_MODES:
+    if caller is None or caller.f_code is not DISPATCH_TO_MODES:
         return
     # An optimized frame's f_locals dict keeps keys that are not local names: the mark stays.
     caller.f_locals["__tracebackhide__"] = True
@@ -38,8 +35,7 @@ def drop_recorder_tail(error: BaseException) -> None:
     last_other = None
     tb = error.__traceback__
     while tb is not None:
-        name = tb.tb_frame.f_globals.get("__name__")
-        if not (isinstance(name, str) and name.startswith(_PACKAGE)):
+        if not is_recorder(tb.tb_frame):
             last_other = tb
         tb = tb.tb_next
     if last_other is not None:

@@ -22,17 +22,11 @@ import torch
 import torch.fx.traceback as torch_fx_traceback
 
 from autograd_magic.recorder.caller import STAND_IN_NAME
+from autograd_magic.recorder.frames import PACKAGE_DIR, is_recorder
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _OVERRIDES = os.path.join("torch", "overrides.py")
 ORIGINAL_WARN = warnings.warn
 _is_compiling = torch.compiler.is_compiling
-
-
-def _is_recorder(frame: FrameType) -> bool:
-    """The recorder's own frames, and the stand-ins it runs builtins from (see `caller`)."""
-    code = frame.f_code
-    return code.co_filename.startswith(_PACKAGE_DIR) or code.co_name == STAND_IN_NAME
 
 
 def _untracked_level(stacklevel: int) -> int:
@@ -42,11 +36,11 @@ def _untracked_level(stacklevel: int) -> int:
     while frame is not None and virtual < stacklevel:
         frame = frame.f_back
         real += 1
-        if frame is None or not _is_recorder(frame):
+        if frame is None or not is_recorder(frame):
             virtual += 1
             continue
         # A run of recorder frames: skip it, and the dispatch frames torch put above it.
-        while frame is not None and _is_recorder(frame):
+        while frame is not None and is_recorder(frame):
             frame, real = frame.f_back, real + 1
         if frame is not None and frame.f_code.co_filename.endswith(_OVERRIDES):
             frame, real = frame.f_back, real + 1  # handle_torch_function
@@ -74,7 +68,7 @@ def without_recorder(entries: list[str]) -> list[str]:
     """A formatted stack (outermost first) as untracked code has it: no recorder entries, nor the
     `handle_torch_function` entry and the outer call that led into them."""
     out: list[str] = []
-    marker = f'File "{_PACKAGE_DIR}'
+    marker = f'File "{PACKAGE_DIR}'
     in_run = False
     for entry in entries:
         if marker not in entry and f", in {STAND_IN_NAME}\n" not in entry:
