@@ -44,6 +44,7 @@ from autograd_magic.recorder.sites import SiteFinder, site_of_traceback
 from autograd_magic.recorder.writer import TraceWriter
 
 _NoSubclassDispatch = torch._C.DisableTorchFunctionSubclass
+_NOT_LINKED = frozenset({OpKind.PLAIN, OpKind.INPLACE, OpKind.BACKWARD, OpKind.GRAD})
 _Tensor = torch.Tensor
 MAX_PATHS_PER_ROOT = 4
 
@@ -282,10 +283,10 @@ class Recorder(NodeRecording, SavedTensorRecording):
                 out = run_backward(self, func, kind, args, kwargs)
             else:
                 out = call(func, args, kwargs)
-                # A subclass (an UninitializedParameter too) sees its calls, not our reads.
-                with _NoSubclassDispatch():
-                    self.aliases.link(out, args[0] if args else kwargs.get("data"), name, kind)
+            # A subclass (an UninitializedParameter too) sees its calls, not our reads.
             with _NoSubclassDispatch():
+                if kind not in _NOT_LINKED:  # aliases and copies: the last branch above
+                    self.aliases.link(out, args[0] if args else kwargs.get("data"), name, kind)
                 self._register_outputs(out, mark)
         finally:
             self._in_call = False
