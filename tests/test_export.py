@@ -71,6 +71,7 @@ def test_graph_has_one_node_per_record_and_edges_as_next_functions():
     with am.track() as trace:
         y = x.exp()  # L:g-exp
         z = (y * w).sum()  # L:g-sum
+        del y  # from here only the graph holds exp's result
     graph = trace.graph()
     by_name = {}
     for node_id, data in graph.nodes(data=True):
@@ -83,9 +84,10 @@ def test_graph_has_one_node_per_record_and_edges_as_next_functions():
     assert len(by_name["AccumulateGrad"]) == 2
     assert graph.nodes[exp]["born_line"] == line_of("g-exp")
     assert graph.nodes[total]["born_line"] == line_of("g-sum")
-    # exp saved its result; mul saved y (the graph's) and w (a leaf, which outlives the graph).
+    # exp saved its result; mul saved y (the graph's) and w (the code's, which outlives it).
     assert graph.nodes[exp]["saved_bytes"] == 16 and graph.nodes[mul]["saved_bytes"] == 16
-    assert graph.nodes[mul]["leaf_saved_bytes"] == 16 and graph.nodes[exp]["leaf_saved_bytes"] == 0
+    assert graph.nodes[mul]["held_elsewhere_bytes"] == 16
+    assert graph.nodes[exp]["held_elsewhere_bytes"] == 0
     assert graph.nodes[total]["alive"] and graph.nodes[total]["freed_line"] is None
     assert set(graph.successors(total)) == {mul}
     (acc_x,) = graph.successors(exp)

@@ -326,8 +326,7 @@ def test_a_graph_built_once_and_reused_every_iteration_is_named_not_a_carried_va
 def test_retained_graph_left_unreleased_is_reported_with_bytes():
     x = torch.randn(64, 64, requires_grad=True)
     with am.track() as trace:
-        y = torch.tanh(x @ x)
-        loss = y.sum()
+        loss = torch.tanh(x @ x).sum()  # only the graph holds tanh's result
         loss.backward(retain_graph=True)  # L:KEEP
     finding = only(trace, "retained-graph")
     assert finding.line == line_of("KEEP")

@@ -134,11 +134,13 @@ def test_text_report_lists_the_default_graph_view():
 
 
 def test_a_module_box_counts_the_bytes_the_modules_view_gives():
-    # GIVEN a small MLP whose first layer saves only its input (a leaf) and the others activations
+    # GIVEN a small MLP whose first layer saves only its input (the code's `x`, not retained)
+    # and the others activations
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    x = torch.randn(4, 8)
     with autograd_magic.track() as trace:
-        loss = net(torch.randn(4, 8)).pow(2).sum()
+        loss = net(x).pow(2).sum()
     # WHEN laid out one box per layer
     view = layout.graph_view(trace, depth=1)
     boxes = {b.module: b for b in view.boxes if b.module}

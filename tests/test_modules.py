@@ -57,7 +57,7 @@ def test_module_bytes_total_includes_submodules_and_self_excludes_them():
     assert tanh.self_saved_bytes == 4 * 8 * 4  # tanh saves its output: 4 x 8 float32
     assert inner.self_saved_bytes == 0 and inner.saved_bytes >= tanh.saved_bytes
     assert root.self_saved_bytes == 4 * 8 * 4  # exp in Block.forward saves its output
-    attributed = sum(b.nbytes for b in trace.buffers if b.module and not b.is_leaf)
+    attributed = sum(b.nbytes for b in trace.buffers if b.module and b.retained)
     assert root.saved_bytes == attributed
     assert root.type == "Block" and inner.type == "Sequential" and tanh.type == "Tanh"
     assert root.calls == 1 and root.nodes_created >= 6
@@ -89,12 +89,13 @@ def test_released_buffers_leave_the_peak_and_a_json_round_trip_keeps_modules():
     with am.track() as trace:
         model(torch.randn(4, 8)).sum().backward()
     root = by_path(trace)["model"]
-    # tanh's output, and exp's output saved by exp and by head: 3 x 128 B saved, 2 storages
-    assert root.saved_bytes == 384
-    assert root.peak_retained_bytes == trace.snapshot().peak_retained_bytes == 256
+    # The input (no variable holds it), tanh's output, and exp's output saved by exp and by
+    # head: 4 x 128 B saved, 3 storages
+    assert root.saved_bytes == 512
+    assert root.peak_retained_bytes == trace.snapshot().peak_retained_bytes == 384
     loaded = am.Trace.from_json(trace.to_json())
     assert loaded.modules() == trace.modules()
-    assert json.loads(trace.to_json())["version"] == 2
+    assert json.loads(trace.to_json())["version"] == 3
 
 
 def test_modules_with_their_own_hooks_give_the_same_values_tracked():
@@ -192,8 +193,9 @@ def test_the_summary_merges_repeated_layers_but_not_a_sequentials_different_chil
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    x = torch.randn(4, 8)  # held by the code: the first Linear's saved input is not retained
     with am.track() as trace:
-        loss = model(torch.randn(4, 8)).sum()
+        loss = model(x).sum()
     names = [path for path, _ in top_modules(trace)]
     assert names and all("*" not in name for name in names)
     assert "model.1" in names  # ReLU saves its output

@@ -158,23 +158,44 @@ def test_backward_releases_buffers_at_its_line_and_retain_graph_keeps_them(gc_di
     assert trace.snapshot().retained_bytes == 0
 
 
-def test_retained_bytes_counts_unique_non_leaf_storages_only(gc_disabled):
-    """GIVEN an MLP step WHEN the graph is alive THEN retained_bytes is the bytes of the non-leaf
-    saved storages (relu output and model output, each once), never inputs or parameters."""
+def test_retained_bytes_count_what_only_the_graph_holds(gc_disabled):
+    """GIVEN an MLP step whose loss is kept WHEN the block ends THEN retained bytes are the saved
+    storages only the graph holds: the ReLU output, and the model output once the code drops
+    `out`; never the input, the target or parameters, whose holders outlive the graph."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    x, target = torch.randn(32, 8), torch.randn(32, 1)
+    relu_out, model_out = 32 * 16 * 4, 32 * 1 * 4
+    with am.track() as trace:
+        out = model(x)
+        loss = F.mse_loss(out, target)
+    assert trace.retained_bytes == trace.peak_retained_bytes == relu_out
+    held_by = sorted((b.shape, b.held_by) for b in trace.buffers)
+    assert held_by == [
+        ((16, 1), "parameter"),  # fc2.weight.t(): a view of a parameter
+        ((32, 1), "user tensor"),  # out
+        ((32, 1), "user tensor"),  # target
+        ((32, 8), "user tensor"),  # x
+        ((32, 16), ""),  # the ReLU's output: only the graph holds it
+        ((32, 16), ""),
+    ]
+    with am.track() as trace:
+        loss = F.mse_loss(model(x), target)
+    assert trace.retained_bytes == relu_out + model_out
+    del loss
+
+
+def test_backward_frees_what_only_the_graph_held(gc_disabled):
+    """GIVEN a step WHEN backward runs THEN the call frees the storages only the graph held,
+    counted when it starts (the output the code still holds is not among them)."""
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     x, target = torch.randn(32, 8), torch.randn(32, 1)
     with am.track() as trace:
         out = model(x)
         loss = F.mse_loss(out, target)
-        during = trace.snapshot()
         loss.backward()
-        after = trace.snapshot()
-    relu_out, model_out = 32 * 16 * 4, 32 * 1 * 4
-    assert during.retained_bytes == relu_out + model_out
-    assert after.retained_bytes == 0
-    assert after.peak_retained_bytes == relu_out + model_out
-    # The second addmm saves fc2.weight.t(), a view of a parameter: a leaf, not retained.
-    assert any(b.is_leaf and b.shape == (16, 1) for b in trace.buffers)
+    (call,) = trace.backward_calls
+    assert call.released_bytes == trace.peak_retained_bytes == 32 * 16 * 4
+    assert trace.retained_bytes == 0
 
 
 def test_views_of_one_storage_are_counted_once(gc_disabled):
@@ -215,10 +236,11 @@ def test_timeline_shows_growth_and_the_backward_release(gc_disabled):
     lines = [s.line for s in trace.timeline]
     assert lines.index(line_of("tl-exp")) < lines.index(line_of("tl-tanh"))
     peak = max(s.retained_bytes for s in trace.timeline)
-    assert peak == 32  # exp and tanh each save a 16-byte output
+    # exp and tanh each save a 16-byte output; the code holds exp's (`a`): only tanh's counts
+    assert peak == 16
     marks = [s for s in trace.timeline if s.line == line_of("tl-bwd")]
     assert marks[0].what == "backward start" and marks[-1].what == "backward"
-    assert marks[0].retained_bytes == 32 and marks[-1].retained_bytes == 0
+    assert marks[0].retained_bytes == 16 and marks[-1].retained_bytes == 0
     seqs = [s.seq for s in trace.timeline]
     assert seqs == sorted(seqs)
 

@@ -3,6 +3,8 @@ reporter tests feed hand-made records)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from autograd_magic.model.records import (
     AliasLink,
     BackwardCall,
@@ -32,23 +34,8 @@ def handmade_trace(error: bool = False) -> Trace:
         NodeRecord(4, "SumBackward0", 3, site(4), next_ids=(3,)),
     ]
     buffers = [
-        SavedBuffer(1, 2, (2, 3), "float32", "cpu", 24, 24, True, False, 0, 1, site(2)),
-        SavedBuffer(
-            2,
-            3,
-            (2, 3),
-            "float32",
-            "cpu",
-            24,
-            24,
-            False,
-            False,
-            0,
-            2,
-            site(3),
-            freed_seq=8,
-            freed_site=site(5),
-        ),
+        _buffer(1, 2, True, 1, held_by="user tensor"),
+        _buffer(2, 3, False, 2, freed_seq=8, freed_site=site(5)),
         SavedBuffer(3, 4, (1024,), "float32", "cpu", 4096, 4096, False, False, 0, 3, site(4)),
     ]
     trace = Trace.from_records(nodes, buffers)
@@ -135,3 +122,12 @@ def module_trace(layers: int = 12, own_ops: int = 1) -> Trace:
             prev = node("AddBackward0", block, (prev, start))
     node("SumBackward0", None, (prev,), line=4)
     return Trace.from_records(nodes, buffers, module_calls=calls, module_types=types, finished=True)
+
+
+def _buffer(buffer_id: int, node_id: int, is_leaf: bool, seq: int, **fields: Any) -> SavedBuffer:
+    """A 2 x 3 float32 buffer saved at line `node_id` (the handmade trace's shape)."""
+    return SavedBuffer(
+        *(buffer_id, node_id, (2, 3), "float32", "cpu", 24, 24, is_leaf, False, 0, seq),
+        site(node_id),
+        **fields,
+    )

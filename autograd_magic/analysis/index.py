@@ -69,6 +69,7 @@ class RecordIndex:
 
 
 def retained_bytes_of(buffers: Iterable[SavedBuffer]) -> int:
-    """Bytes of the unique non-leaf storages among `buffers` (what freeing them gives back)."""
-    storages = {b.storage_key: b.storage_nbytes for b in buffers if not b.is_leaf}
+    """Bytes of the unique storages among `buffers` that only graphs hold (what freeing them
+    gives back)."""
+    storages = {b.storage_key: b.storage_nbytes for b in buffers if b.retained}
     return sum(storages.values())

@@ -140,12 +140,12 @@ def _new_box(record: NodeRecord, key: Hashable, module: ModuleBox | None) -> Box
 
 def _saved(trace: Trace) -> tuple[dict[int, int], dict[int, int]]:
     """Bytes each node saved for backward over the block, and those not released yet: the
-    tensors the graph owns, as in the Modules view (inputs and parameters outlive it)."""
+    tensors only graphs hold, as in the Modules view (parameters and kept inputs outlive it)."""
     saved: dict[int, int] = {}
     held: dict[int, int] = {}
     for buffer in trace.buffers:
         node = buffer.node_id
-        if node is not None and not buffer.is_leaf:
+        if node is not None and buffer.retained:
             saved[node] = saved.get(node, 0) + buffer.nbytes
             if buffer.freed_seq is None:
                 held[node] = held.get(node, 0) + buffer.nbytes

@@ -35,23 +35,25 @@ if TYPE_CHECKING:
     import networkx
 
 FORMAT = "autograd_magic.trace"
-FORMAT_VERSION = 2  # 2: records carry `module`; module_calls and module_types added
-READABLE_VERSIONS = (1, 2)  # a version-1 export reads as a trace without module attribution
+# 2: records carry `module`; module_calls and module_types added. 3: buffers carry `held_by`.
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)  # a version-1 export reads as a trace without module attribution
 
 
 def to_networkx(nodes: Iterable[NodeRecord], buffers: Iterable[SavedBuffer]) -> networkx.DiGraph:
     """Nodes keyed by id (name, alive, born/freed lines, saved bytes); edges node -> next.
 
     `saved_bytes` means what it means everywhere (the Modules table, the graph view): bytes the
-    graph owns; what a node saved of leaves and parameters is `leaf_saved_bytes`."""
+    graphs alone hold; what a node saved that something else holds too (parameters, module
+    buffers, the user's tensors) is `held_elsewhere_bytes`."""
     import networkx  # loaded when a graph is first asked for, not with the package
 
     nodes = list(nodes)
     saved: dict[int, int] = {}
-    leaf: dict[int, int] = {}
+    elsewhere: dict[int, int] = {}
     for buffer in buffers:
         if buffer.node_id is not None:
-            into = leaf if buffer.is_leaf else saved
+            into = saved if buffer.retained else elsewhere
             into[buffer.node_id] = into.get(buffer.node_id, 0) + buffer.nbytes
     graph = networkx.DiGraph()
     for node in nodes:
@@ -62,7 +64,7 @@ def to_networkx(nodes: Iterable[NodeRecord], buffers: Iterable[SavedBuffer]) -> 
             born_line=node.born_line,
             freed_line=node.freed_line,
             saved_bytes=saved.get(node.id, 0),
-            leaf_saved_bytes=leaf.get(node.id, 0),
+            held_elsewhere_bytes=elsewhere.get(node.id, 0),
             existed_before=node.existed_before,
         )
     for node in nodes:
@@ -157,6 +159,10 @@ def trace_fields(text: str) -> dict[str, Any]:
     for name, cls in _LISTS.items():
         values = check_list(document, name, max_records)
         fields[name] = [build_record(cls, v, f"{name}[{i}]") for i, v in enumerate(values)]
+    if version < 3:  # counted by PyTorch's leaf flag then: a leaf's bytes were not retained
+        for buffer in fields["buffers"]:
+            if buffer.is_leaf:
+                buffer.held_by = "parameter" if buffer.is_parameter else "user tensor"
     timeline = check_list(document, "timeline", max_timeline)
     fields["timeline"] = [_sample(v, f"timeline[{i}]") for i, v in enumerate(timeline)]
     fields["labels"] = check_id_map(document, "labels", max_records)

@@ -1,8 +1,9 @@
 """Memory by module: what each nn.Module's ops created and saved for backward, from the records.
 
-Saved bytes count tensors saved for backward that the graph owns (not leaves or parameters,
-whose memory outlives the graph), by `SavedBuffer.nbytes`, so the root module's `saved_bytes`
-is the sum of the buffers attributed to it. Records beyond the record cap are not counted.
+Saved bytes count tensors saved for backward whose memory only graphs hold (not parameters,
+module buffers or tensors the user's code still holds, whose memory outlives the graph), by
+`SavedBuffer.nbytes`, so the root module's `saved_bytes` is the sum of the buffers attributed
+to it. Records beyond the record cap are not counted.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def module_stats(
     own: dict[str, int] = {}
     events: dict[str, list[tuple[int, int, int, int]]] = {}
     for buffer in buffers:
-        if buffer.module is None or buffer.is_leaf:
+        if buffer.module is None or not buffer.retained:
             continue
         paths.add(buffer.module)
         own[buffer.module] = own.get(buffer.module, 0) + buffer.nbytes

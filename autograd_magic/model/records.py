@@ -31,6 +31,13 @@ BlindspotKind = Literal[
     "internal",
 ]
 BackwardKind = Literal["backward", "grad"]
+# Why a saved tensor's memory is not counted as retained: something besides the graph holds it
+# (a parameter, a module's buffer, a tensor the user's code still references, a tensor sharing
+# its storage, a NumPy array, or a holder outside Python such as autocast's cast cache).
+# "" means the graph alone holds it: its death frees the memory.
+HeldBy = Literal[
+    "", "parameter", "module buffer", "user tensor", "live tensor", "NumPy array", "elsewhere"
+]
 # How a tensor/array joined a storage group: the op that made it ("detach", "view",
 # "__getitem__", "from_numpy", "numpy", ".data", ...: any view op, an open set), "<op> (copy)"
 # for a copy, or "original" for the group's first member.
@@ -105,6 +112,12 @@ class SavedBuffer:
     freed_seq: int | None = None
     freed_site: Site | None = None
     module: str | None = None  # the nn.Module whose forward saved it, as a path; None outside
+    held_by: HeldBy = ""  # who else holds its memory, as last read; "" counts it as retained
+
+    @property
+    def retained(self) -> bool:
+        """True when the graph alone holds this tensor's memory (it counts in retained bytes)."""
+        return not self.held_by
 
     @property
     def freed(self) -> bool:
@@ -166,7 +179,7 @@ class BackwardCall:
     create_graph: bool
     end_seq: int | None = None
     released_buffers: int = 0
-    released_bytes: int = 0  # retained memory freed: unique non-leaf storages, as retained_bytes
+    released_bytes: int = 0  # retained memory freed: unique storages only graphs held
     error: str | None = None
     error_type: str | None = None
     root_ids: tuple[int, ...] = ()

@@ -17,7 +17,8 @@ def storage_groups(
     links: Sequence[AliasLink], labels: Mapping[int, str], alive_at_end: Collection[int] | None
 ) -> list[StorageGroup]:
     """Connected components of shared-memory links; copies listed beside their source's group.
-    `alive_at_end` (None while the block runs) hides unnamed temporaries that died."""
+    `alive_at_end` (alive at the end, or at the last refresh; None: unknown) hides unnamed
+    temporaries that died."""
     sets = DisjointSets()
 
     def label(uid: int) -> str:

@@ -60,7 +60,8 @@ class Trace:
         self.module_calls: dict[str, int] = {}
         self.module_types: dict[str, str] = {}
         self.object_kinds: dict[int, str] = {}
-        # Ids of tracked tensors/arrays still alive when the block ended (None while running).
+        # Ids of tracked tensors/arrays still alive when the block ended; while it runs, at the
+        # live view's last refresh (None before any).
         self.alive_at_end: set[int] | None = None
         self.max_records = max_records
         self.max_timeline = max_timeline

@@ -85,6 +85,8 @@ class AliasTracker:
         self._watched = 0
         self._numpy_watches: list[_NumpyWatch] = []
         self._shared_with: dict[int, set[int]] = {}  # uid -> uids linked by shared memory
+        # storage key -> the NumPy array whose memory a tensor uses (from_numpy, as_tensor)
+        self._numpy_owners: dict[int, weakref.ref[Any]] = {}
 
     # ----- saved buffers on a storage ----------------------------------------------------
     def watch_saved(self, packed: PackedSaved) -> None:
@@ -104,6 +106,15 @@ class AliasTracker:
         self._watched += 1
         if self._watched % PRUNE_EVERY == 0:
             self._prune_saved()
+
+    def live_saved_on(self, storage_key: int) -> list[PackedSaved]:
+        """The saved buffers autograd still holds on one storage."""
+        return [p for r in _refs(self._live_saved.get(storage_key)) if (p := r()) is not None]
+
+    def numpy_owner(self, storage_key: int) -> Any:
+        """The NumPy array that owns a storage's memory, while it lives (else None)."""
+        ref = self._numpy_owners.get(storage_key)
+        return None if ref is None else ref()
 
     def _prune_saved(self) -> None:
         """Drop entries of released buffers in bulk (cheaper than a callback per buffer)."""
@@ -295,6 +306,8 @@ class AliasTracker:
             self._separate_counter[item_uid] = source_uid
         if shares and (_is_ndarray(item) or _is_ndarray(source)):
             array, tensor = (item, source) if _is_ndarray(item) else (source, item)
+            if array is source:  # the tensor uses the array's memory (from_numpy)
+                self._numpy_owners[storage_of(tensor)[0]] = weakref.ref(array)
             if array.nbytes <= NUMPY_WATCH_MAX_BYTES and not tensor.is_inference():
                 array_uid = item_uid if array is item else source_uid
                 tensor_uid = source_uid if array is item else item_uid
@@ -306,6 +319,7 @@ class AliasTracker:
         self.registry.release()
         self._numpy_watches = []
         self._live_saved.clear()
+        self._numpy_owners.clear()
 
     # ----- names -------------------------------------------------------------------------
     def resolve_labels(

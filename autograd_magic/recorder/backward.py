@@ -45,6 +45,10 @@ class BackwardHost(Protocol):
         """The recorded node ids of the roots' `grad_fn`s (recording any not seen yet)."""
         ...
 
+    def read_holders(self) -> None:
+        """Ask who holds the saved storages (so this call's freed bytes count what it frees)."""
+        ...
+
 
 def run_backward(host: BackwardHost, func: Any, kind: OpKind, args: tuple, kwargs: dict) -> Any:
     """Run `backward()` / `autograd.grad` and record it: line, flags, what it walked and released,
@@ -73,6 +77,8 @@ def run_backward(host: BackwardHost, func: Any, kind: OpKind, args: tuple, kwarg
     # see its reads (`grad_fn`) through its own `__torch_function__`.
     with contextlib.suppress(Exception), torch._C.DisableTorchFunctionSubclass():
         reached = _reach(host, call, index, _backward_roots(arguments))
+    with contextlib.suppress(Exception):  # bookkeeping must never stop the backward
+        host.read_holders()
     writer.backward_running(call)
     try:
         return _call_user(func, args, kwargs)

@@ -39,6 +39,7 @@ from autograd_magic.recorder.module_calls import ModuleTracker
 from autograd_magic.recorder.naming import frame_namespace
 from autograd_magic.recorder.nodes import NodeRecording, current_sequence_nr, grad_fn_of
 from autograd_magic.recorder.ops import OpKind, classify
+from autograd_magic.recorder.outside import HolderReading
 from autograd_magic.recorder.packing import SavedTensorRecording
 from autograd_magic.recorder.sites import SiteFinder, site_of_traceback
 from autograd_magic.recorder.writer import TraceWriter
@@ -52,7 +53,7 @@ MAX_PATHS_PER_ROOT = 4
 _next_trace_number = 0
 
 
-class Recorder(NodeRecording, SavedTensorRecording):
+class Recorder(NodeRecording, SavedTensorRecording, HolderReading):
     """Context manager behind `track()`; `__enter__` returns the `Trace` being filled."""
 
     def __init__(
@@ -68,6 +69,8 @@ class Recorder(NodeRecording, SavedTensorRecording):
         _next_trace_number += 1
         self.trace = trace if trace is not None else Trace()
         self.writer = TraceWriter(self.trace)
+        # Weakly: the recorder holds its writer, and a cycle would be garbage at the end.
+        self.writer.read_holders = weakref.WeakMethod(self.read_for_listener)
         # Tags and packed buffers reach the writer weakly: they outlive the block in the graph.
         self._writer_ref = weakref.ref(self.writer)
         self._analyze = analyze
@@ -191,6 +194,12 @@ class Recorder(NodeRecording, SavedTensorRecording):
                 break
             except BaseException as error:
                 interrupted = error
+        try:
+            self.read_holders()  # the end state's retained bytes
+        except Exception as error:
+            self.writer.blindspot(
+                Blindspot("internal", f"autograd_magic could not read saved memory: {error!r}")
+            )
         held = take()  # an interrupt caught in a finalizer: the block ends with it
         if held is not None and interrupted is None and (exc is None or isinstance(exc, Exception)):
             interrupted = held

@@ -67,7 +67,7 @@ class SavedTensorRecording:
                 # One stack walk per torch call, shared by the buffers it saves and its node.
                 if self._in_call:
                     self._call_site = site
-            is_leaf = packed.is_leaf
+            is_leaf = tensor.is_leaf
             dtype, device = tensor.dtype, tensor.device
             buffer = SavedBuffer(
                 buffer_id,
@@ -87,7 +87,7 @@ class SavedTensorRecording:
             )
             self.aliases.watch_saved(packed)
             self._unowned.append(buffer_id)
-            writer.buffer_saved(buffer, packed.storage_key)
+            writer.buffer_saved(buffer, packed.storage_key, packed.held_by)
             return packed
         finally:
             self._busy -= 1

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from autograd_magic.model.records import HeldBy
 from autograd_magic.recorder.deferred import finalizer, hold
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ class PackedSaved:
         "buffer_id",
         "grad_fn_name",
         "had_grad_fn",
-        "is_leaf",
+        "held_by",
         "nbytes",
         "output_nr",
         "storage_key",
@@ -63,10 +64,7 @@ class PackedSaved:
             self.tensor = tensor.detach()
             self.grad_fn_name = None if grad_fn is None else grad_fn.name()
             self.output_nr = tensor.output_nr
-        # A view of a parameter (addmm saves `weight.t()`) lives on the parameter's memory, which
-        # the graph's death does not free: count it with the leaves.
-        base = tensor._base if tensor._is_view() else None
-        self.is_leaf = tensor.is_leaf or (base is not None and base.is_leaf)
+        self.held_by = held_by_at_saving(tensor)
         self.nbytes = tensor.numel() * tensor.element_size()
         self.storage_key = 0
 
@@ -78,7 +76,7 @@ class PackedSaved:
             # later (see deferred). A bare try, not contextlib.suppress: this runs once per node
             # or buffer, and the context manager costs more than the bookkeeping.
             try:
-                writer.buffer_released(self.buffer_id, self.is_leaf, self.storage_key)
+                writer.buffer_released(self.buffer_id, self.storage_key)
             except Exception:
                 pass
             except BaseException as error:
@@ -150,6 +148,16 @@ def _legacy_type_name(tensor: torch.Tensor) -> str:
 def _forward_name(node_name: str) -> str:
     """`ExpBackward0` -> `Exp`, `MyFnBackward` -> `MyFn`: how PyTorch names the node here."""
     return re.sub(r"Backward\d*$", "", node_name)
+
+
+def held_by_at_saving(tensor: torch.Tensor) -> HeldBy:
+    """Who else surely holds a tensor's memory when it is saved: a leaf that requires grad (or a
+    view of one, as addmm saves `weight.t()`) outlives the graph. Anything else counts as the
+    graph's until a read (`outside.holder_of`) finds another holder."""
+    root = tensor._base if tensor._is_view() else tensor
+    if root is not None and root.is_leaf and root.requires_grad:
+        return "parameter" if isinstance(root, torch.nn.Parameter) else "user tensor"
+    return ""
 
 
 def storage_of(tensor: torch.Tensor) -> tuple[int, int]:

@@ -9,6 +9,7 @@ Called on the per-op path, so the event methods are written for speed (locals, n
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 
 from autograd_magic.model.records import (
@@ -17,14 +18,16 @@ from autograd_magic.model.records import (
     BackwardCall,
     Blindspot,
     Finding,
-    Holder,
+    HeldBy,
     NodeRecord,
     SavedBuffer,
     Site,
     TimelineSample,
     VersionBump,
 )
+from autograd_magic.model.timeline import correct_retained, delta_at
 from autograd_magic.model.trace import Trace
+from autograd_magic.recorder.end_state import EndStateWriting
 
 # Called with the trace while it records (the live panel).
 Listener = Callable[[Trace], None]
@@ -36,7 +39,7 @@ _SAMPLE = TimelineSample
 _new_sample = tuple.__new__  # the NamedTuple's own __new__ is a Python function (per event)
 
 
-class TraceWriter:
+class TraceWriter(EndStateWriting):
     """Writes one block's events into `trace`; `close()` ends the block for good."""
 
     def __init__(self, trace: Trace, locate: Callable[[int], Site] | None = None) -> None:
@@ -58,10 +61,16 @@ class TraceWriter:
         self.live_buffers = 0
         self._nodes: dict[int, NodeRecord] = {}
         self._buffers: dict[int, SavedBuffer] = {}
-        # Live non-leaf saved buffers per storage key, and that storage's bytes (two dicts of ints:
-        # no object per storage for the cycle collector to scan).
+        # Per storage key with live saved buffers: how many, its bytes, and (for keys not
+        # counted as retained) who else holds it; plus keys first saved since the last read.
+        # Plain dicts of ints: no object per storage for the cycle collector to scan.
         self._storage_counts: dict[int, int] = {}
         self._storage_bytes: dict[int, int] = {}
+        self.held_by: dict[int, HeldBy] = {}
+        self.new_storages: dict[int, int] = {}  # storage key -> sequence it was first saved at
+        self.read_seq = 0  # the sequence number of the last read of holders (`reclassify`)
+        self._peak_at_read = 0  # the peak as corrected at that read
+        self._segment_peak_seq = 0  # when the uncorrected peak since that read was reached
         # A run of one event kind on one line is one timeline sample, its numbers kept as three
         # ints until the run ends: no allocation per op.
         self._run_open = False
@@ -74,6 +83,8 @@ class TraceWriter:
         # Who wants to see the trace while it records (the live panel), and how often.
         self.listener: Listener | None = None
         self.listen_interval_s = 0.5
+        # Asks who holds the storages saved so far (`reclassify`) before the listener reads.
+        self.read_holders: weakref.WeakMethod[Callable[[], None]] | None = None
 
     # ----- lookups for the recorder -------------------------------------------------------
     def node_record(self, node_id: int) -> NodeRecord | None:
@@ -166,21 +177,28 @@ class TraceWriter:
             self.sample(NODE_FREED, site)
 
     # ----- saved buffers -------------------------------------------------------------------
-    def buffer_saved(self, buffer: SavedBuffer, storage_key: int) -> None:
-        """A tensor was saved for backward (its sequence number is already taken)."""
+    def buffer_saved(self, buffer: SavedBuffer, storage_key: int, held_by: HeldBy) -> None:
+        """A tensor was saved for backward (its sequence number is already taken); `held_by`
+        is who else surely holds it at saving ("" until a read says otherwise)."""
         trace = self.trace
         trace.buffers_saved += 1
-        if not buffer.is_leaf:
-            counts = self._storage_counts
-            count = counts.get(storage_key)
-            if count is None:
-                counts[storage_key] = 1
-                self._storage_bytes[storage_key] = buffer.storage_nbytes
+        counts = self._storage_counts
+        count = counts.get(storage_key)
+        if count is None:
+            counts[storage_key] = 1
+            self._storage_bytes[storage_key] = buffer.storage_nbytes
+            self.new_storages[storage_key] = trace.seq
+            if held_by:
+                self.held_by[storage_key] = held_by
+            else:
                 trace.retained_bytes += buffer.storage_nbytes
                 if trace.retained_bytes > trace.peak_retained_bytes:
                     trace.peak_retained_bytes = trace.retained_bytes
-            else:
-                counts[storage_key] = count + 1
+                    self._segment_peak_seq = trace.seq
+        else:
+            counts[storage_key] = count + 1
+            held_by = self.held_by.get(storage_key, "")
+        buffer.held_by = held_by
         if len(trace.buffers) >= trace.max_records:
             trace.dropped_buffers += 1
         else:
@@ -197,7 +215,7 @@ class TraceWriter:
             if record is not None:
                 record.node_id = node_id
 
-    def buffer_released(self, buffer_id: int, is_leaf: bool, storage_key: int) -> None:
+    def buffer_released(self, buffer_id: int, storage_key: int) -> None:
         """Autograd let go of a saved buffer (called from the packed object's finalizer)."""
         if self.closed:
             return
@@ -209,17 +227,18 @@ class TraceWriter:
             locate = self.locate
             site = UNKNOWN_SITE if locate is None else locate(2)
         trace = self.trace
-        if not is_leaf:
-            counts = self._storage_counts
-            count = counts.get(storage_key)
-            if count == 1:
-                del counts[storage_key]
-                nbytes = self._storage_bytes.pop(storage_key)
+        counts = self._storage_counts
+        count = counts.get(storage_key)
+        if count == 1:
+            del counts[storage_key]
+            nbytes = self._storage_bytes.pop(storage_key)
+            self.new_storages.pop(storage_key, None)
+            if self.held_by.pop(storage_key, None) is None:
                 trace.retained_bytes -= nbytes
                 if call is not None:
                     call.released_bytes += nbytes
-            elif count is not None:
-                counts[storage_key] = count - 1
+        elif count is not None:
+            counts[storage_key] = count - 1
         trace.seq = seq = trace.seq + 1
         record = self._buffers.get(buffer_id)
         if record is not None:
@@ -228,6 +247,39 @@ class TraceWriter:
         if call is not None:
             call.released_buffers += 1
         self.sample("buffer released", site)
+
+    def reclassify(self, changes: dict[int, tuple[HeldBy, list[int]]]) -> None:
+        """A read of who holds each storage: `changes` maps a storage key to its new holder and
+        its live buffers' ids. Retained bytes, the buffers' records, the timeline and the peak
+        follow; a storage first saved since the last read is taken to have had that holder
+        since it was saved (its samples are corrected), an older one changes from now."""
+        self.flush()
+        trace = self.trace
+        deltas: list[tuple[int, int]] = []
+        for key, (held_by, buffer_ids) in changes.items():
+            nbytes = self._storage_bytes.get(key)
+            if nbytes is None:
+                continue
+            old = self.held_by.get(key, "")
+            if held_by:
+                self.held_by[key] = held_by
+            else:
+                self.held_by.pop(key, None)
+            for buffer_id in buffer_ids:
+                record = self._buffers.get(buffer_id)
+                if record is not None:
+                    record.held_by = held_by
+            delta = (0 if held_by else nbytes) - (0 if old else nbytes)
+            trace.retained_bytes += delta
+            first = self.new_storages.get(key)
+            if delta and first is not None:
+                deltas.append((first, delta))
+        peak = max(trace.retained_bytes, correct_retained(trace.timeline, deltas, self.read_seq))
+        if self._segment_peak_seq > self.read_seq:  # the running peak was reached since
+            peak = max(peak, trace.peak_retained_bytes + delta_at(deltas, self._segment_peak_seq))
+        trace.peak_retained_bytes = self._peak_at_read = max(self._peak_at_read, peak)
+        self.new_storages.clear()
+        self.read_seq = trace.seq
 
     # ----- aliases, writes, names -----------------------------------------------------------
     def name(self, uid: int, op_label: str, kind: str | None = None) -> str:
@@ -266,68 +318,6 @@ class TraceWriter:
     def blindspot(self, blindspot: Blindspot) -> None:
         """Something the recorder could not see."""
         self.trace.blindspots.append(blindspot)
-
-    def end_names(
-        self, labels: dict[int, str], alive: set[int], version_groups: dict[int, list[int]]
-    ) -> None:
-        """The user's names at the end of the block, which objects were still alive, and each
-        bump's aliases (`affected`, from the groups sharing a version counter)."""
-        trace = self.trace
-        trace.labels = labels
-        trace.alive_at_end = alive
-        for bump in trace.version_bumps:
-            bump.label = labels.get(bump.object_id, bump.label)
-            if bump.bypassed_id:
-                bump.bypassed = labels.get(bump.bypassed_id, "")
-            bump.sharers = tuple(trace.label(uid) for uid in bump.sharer_ids)
-            members = version_groups.get(bump.object_id, ())
-            bump.affected = tuple(sorted(trace.label(m) for m in members if m != bump.object_id))
-
-    def name_buffers(self, names: dict[int, str]) -> None:
-        """The user's names of saved tensors still held at the end (buffer id -> path)."""
-        if not names:
-            return
-        for buffer in self.trace.buffers:
-            name = names.get(buffer.id)
-            if name is not None and not buffer.label:
-                buffer.label = name
-
-    def end_holders(self, holders: list[Holder]) -> None:
-        """User-visible paths that keep a live graph root alive at the end of the block."""
-        self.trace.holders.extend(holders)
-
-    def end_modules(self, root_names: dict[str, str]) -> None:
-        """Replace each root placeholder (`<0>`) in module paths by the user's name for that
-        module (`model`), or by its class when it has none (a loss module made inside a
-        forward: each step's instance then shares one path), and store every module's calls
-        and class."""
-        final: dict[str, str] = {}
-        types = self.module_types
-
-        def rename(path: str) -> str:
-            named = final.get(path)
-            if named is None:
-                root, dot, rest = path.partition(".")
-                root_name = root_names.get(root) or types.get(root, "module")
-                named = final[path] = root_name + dot + rest
-            return named
-
-        trace = self.trace
-        for records in (trace.nodes, trace.buffers):
-            for record in records:
-                if record.module is not None:
-                    record.module = rename(record.module)
-        calls: dict[str, int] = {}
-        for path, count in self.module_calls.items():
-            renamed = rename(path)
-            calls[renamed] = calls.get(renamed, 0) + count
-        trace.module_calls = calls
-        trace.module_types = {rename(p): t for p, t in types.items()}
-
-    def block_error(self, message: str, site: Site | None) -> None:
-        """The exception that ended the block."""
-        self.trace.error = message
-        self.trace.error_site = site
 
     def add_backward_call(self, call: BackwardCall) -> int:
         """A backward/grad call was made (it runs after `backward_running`); returns its index
@@ -427,8 +417,11 @@ class TraceWriter:
         listener = self.listener
         if listener is None:
             return
-        self.flush()
         try:
+            read = None if self.read_holders is None else self.read_holders()
+            if read is not None:
+                read()
+            self.flush()
             listener(trace)
         except Exception:  # a broken view must not break the user's code
             self.listener = None

@@ -191,10 +191,21 @@ def _saved_by(nodes: Mapping[int, NodeRecord], node_id: int | None) -> str:
     return f"saved by {op.lower() or node.name}"
 
 
-def _buffer_kind(buffer: object) -> str:
-    if getattr(buffer, "is_parameter", False):
-        return "parameter"
-    return "leaf" if getattr(buffer, "is_leaf", False) else "activation"
+# The Buffers table's "kind": what a saved tensor is when graphs alone hold its memory, else
+# why its bytes are not counted as retained.
+_KINDS = {
+    "": "activation",
+    "parameter": "parameter",
+    "module buffer": "module buffer",
+    "user tensor": "your tensor",
+    "live tensor": "shares a live tensor",
+    "NumPy array": "shares a NumPy array",
+    "elsewhere": "held outside Python",
+}
+
+
+def _buffer_kind(buffer: SavedBuffer) -> str:
+    return _KINDS.get(buffer.held_by, buffer.held_by)
 
 
 def buffer_table(trace: Trace, node_ids: set[int] | None = None) -> Table:
@@ -216,8 +227,7 @@ def buffer_table(trace: Trace, node_ids: set[int] | None = None) -> Table:
                 b.dtype,
                 b.device,
                 b.nbytes,
-                b.is_leaf,
-                b.is_parameter,
+                b.held_by,
                 b.saved_site.line,
                 b.freed_site,
                 b.freed,

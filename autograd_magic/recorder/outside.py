@@ -1,0 +1,161 @@
+"""Who besides autograd's graphs holds a saved storage, read from reference counts.
+
+A saved storage is the graph's (it counts as retained) when every reference to it comes from
+the tensors the graph saved: our packed objects' tensors and the bases their views keep. Any
+other reference means the graph's death would not free the memory, and says who holds it:
+Python references to a saved tensor (the user's variable, a list, a module's buffer table),
+another tensor on the same storage (the output the user kept, the dataset a batch is a view
+of), a NumPy array that owns the memory, or a holder outside Python (autocast's cast cache,
+a graph recorded by nobody). Read only when a number is shown: a refresh, a backward call,
+the block's end.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from autograd_magic.model.records import HeldBy
+from autograd_magic.recorder.saved import PackedSaved
+
+if TYPE_CHECKING:
+    from autograd_magic.recorder.aliases import AliasTracker
+    from autograd_magic.recorder.module_calls import ModuleTracker
+    from autograd_magic.recorder.writer import TraceWriter
+
+# Holders that outlive any graph: a storage they hold is not asked about again.
+_FIXED = frozenset({"parameter", "module buffer"})
+_storage_use_count = torch._C._storage_Use_Count
+# A tensor's C++ reference count (PyTorch 2.13 has it); without it only Python holders are seen.
+_HAS_USE_COUNT = hasattr(torch.Tensor, "_use_count")
+
+
+class HolderReading:
+    """Mixin of `Recorder`: the reads of who holds saved memory (state set by its `__init__`)."""
+
+    writer: TraceWriter
+    aliases: AliasTracker
+    modules: ModuleTracker
+    _busy: int
+
+    def read_for_listener(self) -> None:
+        """What a live view reads besides the counters: who holds saved memory, and which
+        tracked tensors and arrays are alive (storage groups hide dead temporaries)."""
+        self.read_holders()
+        self.writer.alive_now(set(self.aliases.registry.alive().values()))
+
+    def read_holders(self) -> None:
+        """Ask who holds each storage saved since the last read, and each not counted as
+        retained that may have been let go of since (before a number is shown: a refresh, a
+        backward call, the block's end)."""
+        writer = self.writer
+        keys = [k for k in writer.new_storages if writer.held_by.get(k, "") not in _FIXED]
+        keys += [k for k, why in writer.held_by.items() if why not in _FIXED]
+        changes: dict[int, tuple[HeldBy, list[int]]] = {}
+        if keys:
+            holders = Holders(
+                lambda: self.modules.root_placeholders().values(), self.aliases.numpy_owner
+            )
+            self._busy += 1
+            try:
+                # Reading the user's tensors must reach no user mode or subclass.
+                with torch._C.DisableTorchFunction():
+                    for key in dict.fromkeys(keys):
+                        packed = self.aliases.live_saved_on(key) if key else []
+                        if packed:
+                            held_by = holder_of(packed, key, holders)
+                            if held_by != writer.held_by.get(key, ""):
+                                changes[key] = (held_by, [p.buffer_id for p in packed])
+                        del packed
+            finally:
+                self._busy -= 1
+        writer.reclassify(changes)
+
+
+class Holders:
+    """What is known at one read: module parameters and buffers (by id), computed on first
+    need, and the arrays that own from_numpy memory (storage key -> array, weakly)."""
+
+    def __init__(
+        self,
+        modules: Callable[[], Iterable[Any]],
+        numpy_owner: Callable[[int], Any],
+    ) -> None:
+        self._modules = modules
+        self._numpy_owner = numpy_owner
+        self._parameters: set[int] | None = None
+        self._buffers: set[int] = set()
+
+    def module_role(self, tensor: torch.Tensor) -> HeldBy | None:
+        """'parameter' or 'module buffer' when a module of the block registers `tensor`."""
+        if self._parameters is None:
+            self._parameters = set()
+            for module in self._modules():
+                self._parameters.update(id(p) for p in module.parameters())
+                self._buffers.update(id(b) for b in module.buffers())
+        if id(tensor) in self._parameters:
+            return "parameter"
+        if id(tensor) in self._buffers:
+            return "module buffer"
+        return None
+
+    def numpy_holds(self, storage_key: int) -> bool:
+        """True when a NumPy array owning this memory is still referenced by someone else."""
+        array = self._numpy_owner(storage_key)
+        # References: the tensor storage's deleter, `array` here, getrefcount's argument.
+        return array is not None and sys.getrefcount(array) > 3
+
+
+def holder_of(packed: list[PackedSaved], storage_key: int, holders: Holders) -> HeldBy:
+    """Why the storage that `packed` (the live saved buffers on one storage) saved is not the
+    graph's alone, or "" when it is."""
+    held: dict[int, torch.Tensor] = {}  # each TensorImpl we know of, once
+    packs: dict[int, int] = {}  # TensorImpl -> packed objects holding it
+    views_on: dict[int, int] = {}  # TensorImpl -> views among ours whose base it is
+    for pack in packed:
+        tensor = pack.tensor
+        packs[id(tensor)] = packs.get(id(tensor), 0) + 1
+        held[id(tensor)] = tensor
+    for tensor in list(held.values()):
+        if tensor._is_view():
+            base = tensor._base
+            assert base is not None  # a view always has one
+            views_on[id(base)] = views_on.get(id(base), 0) + 1
+            held.setdefault(id(base), base)
+            del base
+    del tensor
+    for key in held:
+        reason = _held_outside(held, key, packs.get(key, 0), views_on.get(key, 0), holders)
+        if reason:
+            return reason
+    storage = next(iter(held.values())).untyped_storage()
+    # One reference per TensorImpl on the storage, plus `storage` itself here.
+    if _storage_use_count(storage._cdata) - 1 > len(held):
+        return "live tensor"
+    if holders.numpy_holds(storage_key):
+        return "NumPy array"
+    return ""
+
+
+def _held_outside(
+    held: dict[int, torch.Tensor], key: int, packs: int, views: int, holders: Holders
+) -> HeldBy:
+    """Why one TensorImpl has a holder beyond the graph ("" when it has none)."""
+    tensor = held[key]
+    role = holders.module_role(tensor)
+    if role is not None:
+        return role
+    uses = tensor._use_count() if _HAS_USE_COUNT else 1  # type: ignore[attr-defined]
+    # C++ references: the Python object, each of our views' base link, and the AccumulateGrad
+    # node of a leaf that requires grad (part of the graph).
+    own_cpp = 1 + views + (1 if tensor.is_leaf and tensor.requires_grad else 0)
+    if uses > own_cpp:
+        return "elsewhere"
+    # Python references: `held`, `tensor` here, getrefcount's argument, each packed object,
+    # and the C++ side's own reference to the Python object while it holds the tensor too.
+    if sys.getrefcount(tensor) - 3 - packs - (1 if uses > 1 else 0) > 0:
+        return "user tensor" if packs else "live tensor"
+    return ""
