@@ -115,17 +115,12 @@ def _legend(ax: Any, view: GraphView, left_out: int = 0) -> None:
     grouped = (
         f"one box per module at depth {view.depth} (its parameters inside)"
         if view.depth > 0
-        else "inputs (leaves) beside the op that uses them"
+        else "each input (leaf) one layer above the ops that use it"
     )
-    missing = (
-        f"\n{left_out:,} labels left out where they would overlap (the table lists every box)"
-        if left_out
-        else ""
-    )
+    missing = f"\n{left_out:,} labels left out where they would overlap." if left_out else ""
     ax.set_title(
-        f"the loss at the bottom; {grouped}\n"
-        "dot size = bytes saved for backward over the whole block (released ones included)"
-        + missing,
+        f"The loss is at the bottom; {grouped}.\n"
+        "Dot size: bytes saved for backward while recording, released ones included." + missing,
         size=8,
         color=INK,
     )

@@ -27,8 +27,8 @@ def draw_labels(
     left out. Boxes a user's variable keeps alive go first, with the variable. Boxes alike on one
     layer (same op, line and bytes: a loop's iterations) get one label for the row when theirs
     would not all fit, with room made for it right of the row; a label that would run into
-    another label, a dot on its layer or the figure's edge is left out (the table lists every
-    box)."""
+    another label, a dot on its layer or the figure's edge is left out (the panel's Node list and
+    the text report's graph table still name every box)."""
     rows: dict[tuple[float, str], list[int]] = {}
     for index in sorted(range(len(boxes)), key=lambda i: (ys[i], xs[i])):
         rows.setdefault((ys[index], _box_text(boxes[index])), []).append(index)
