@@ -78,8 +78,7 @@ class TrackGraphMagics(Magics):
             # Only when called directly: the input transformer sends such cells to
             # `run_cell_async`, which the kernel awaits.
             raise UsageError(_AWAIT_MESSAGE)
-        trace, panel, handle = _start(shell, args)
-        recorder = _recorder(shell, args, trace, panel, body)
+        recorder, panel, handle = _start(shell, args, body)
         value, error = None, None
         try:
             with recorder:
@@ -93,7 +92,7 @@ class TrackGraphMagics(Magics):
             error = exc
         finally:
             recorder.listen(None)
-        return _end(shell, args, trace, panel, handle, value, error, (body, last))
+        return _end(shell, args, recorder.trace, panel, handle, value, error, (body, last))
 
 
 async def run_cell_async(line: str, cell: str) -> Any:
@@ -102,8 +101,7 @@ async def run_cell_async(line: str, cell: str) -> Any:
     __tracebackhide__ = True
     shell: Any = _shell()
     args, body, last = _prepare(shell, line, cell)
-    trace, panel, handle = _start(shell, args)
-    recorder = _recorder(shell, args, trace, panel, body)
+    recorder, panel, handle = _start(shell, args, body)
     value, error = None, None
     try:
         with recorder:
@@ -112,7 +110,7 @@ async def run_cell_async(line: str, cell: str) -> Any:
         error = exc
     finally:
         recorder.listen(None)
-    return _end(shell, args, trace, panel, handle, value, error, (body, last))
+    return _end(shell, args, recorder.trace, panel, handle, value, error, (body, last))
 
 
 def await_cells(lines: list[str]) -> list[str]:
@@ -157,22 +155,18 @@ def _prepare(shell: Any, line: str, cell: str) -> tuple[Any, CodeType, CodeType 
     return args, body, last
 
 
-def _start(shell: Any, args: Any) -> tuple[Trace, Any, Any]:
-    """The trace to fill, and the live panel already on screen (None when not live)."""
-    trace = Trace()
+def _start(shell: Any, args: Any, body: CodeType) -> tuple[Recorder, Any, Any]:
+    """The cell's recorder (not entered yet) and, in a Jupyter kernel unless told otherwise,
+    its live panel (`views.panel.live_panel`, fed by the recorder while it records) already on
+    screen, so it shows before the cell's first op; (recorder, None, None) otherwise."""
+    recorder = track(home_code=body, namespace=shell.user_ns)
     panel, handle = None, None
     if not (args.no_live or args.text) and _widget_frontend(shell):
-        panel = _new_panel(trace, args.max_nodes)
+        from autograd_magic.views.panel import live_panel  # ipywidgets only for a panel
+
+        panel = live_panel(recorder, args.refresh, args.max_nodes)
         handle = display(panel, display_id=True)
-    return trace, panel, handle
-
-
-def _recorder(shell: Any, args: Any, trace: Trace, panel: Any, body: CodeType) -> Recorder:
-    """The recorder for the cell, feeding the live panel (if any) while it records."""
-    recorder = track(trace=trace, home_code=body, namespace=shell.user_ns)
-    if panel is not None and args.refresh is not None:
-        recorder.listen(panel.live_update, args.refresh)
-    return recorder
+    return recorder, panel, handle
 
 
 def _end(

@@ -16,19 +16,24 @@ import autograd_magic
 from autograd_magic import magic
 from autograd_magic.magic import await_cells
 from autograd_magic.model.trace import Trace
+from autograd_magic.views import panel as panel_module
 
 
 @pytest.fixture
 def panels(monkeypatch):
     """Every panel the magic builds, so tests can read its widgets."""
     made = []
-    real = magic._new_panel
 
-    def spy(*args, **kwargs):
-        made.append(real(*args, **kwargs))
-        return made[-1]
+    def spy(real):
+        def build(*args, **kwargs):
+            made.append(real(*args, **kwargs))
+            return made[-1]
 
-    monkeypatch.setattr(magic, "_new_panel", spy)
+        return build
+
+    # live panels come from views.panel.live_panel, the others from the magic's _new_panel
+    monkeypatch.setattr(panel_module, "live_panel", spy(panel_module.live_panel))
+    monkeypatch.setattr(magic, "_new_panel", spy(magic._new_panel))
     return made
 
 

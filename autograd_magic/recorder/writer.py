@@ -399,9 +399,12 @@ class TraceWriter(EndStateWriting):
 
     # ----- the live listener ---------------------------------------------------------------
     def listen(self, callback: Listener | None, interval_s: float = 0.5) -> None:
-        """See `Recorder.listen` (never called inside a finalizer: `notify` runs between ops)."""
+        """See `Recorder.listen` (never called inside a finalizer: `notify` runs between ops).
+        The first call comes one interval after this, not after the writer was made: a live
+        panel built and shown meanwhile gets a whole interval before its first update."""
         self.listener = callback
         self.listen_interval_s = interval_s
+        self._listened_at = time.monotonic()
 
     def notify(self) -> None:
         """Call the trace's listener if its interval has passed (checked every 32 calls)."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import itertools
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import numpy
@@ -21,7 +20,8 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator, MultipleLocator
 
 from autograd_magic.analysis.layout import Box, GraphView
 from autograd_magic.model.trace import Trace
-from autograd_magic.model.units import ACCUMULATE_GRAD, format_bytes
+from autograd_magic.model.units import format_bytes
+from autograd_magic.views.graph_labels import draw_labels
 from autograd_magic.views.series import envelope, x_axis
 
 ALIVE, FREED, LEAF = "#e8590c", "#adb5bd", "#2f9e44"
@@ -76,77 +76,29 @@ def graph_figure(view: GraphView, selected: int | None = None, width: float = 9.
         )
     ax.margins(0.08, 0.5 / depth)
     ax.autoscale_view()
-    if len(boxes) <= LABEL_LIMIT:
-        _labels(ax, boxes, xs, ys, sizes, width)
-    _legend(ax, view)
+    left_out = draw_labels(ax, boxes, xs, ys, sizes, width, INK) if len(boxes) <= LABEL_LIMIT else 0
+    _legend(ax, view, left_out)
     return fig
 
 
 def _colour(box: Box) -> str:
-    """Leaf; alive and holding saved tensors; alive with its saved tensors released; freed."""
+    """Leaf; alive and holding saved tensors; alive and holding none (released, or it saved
+    none); freed."""
     if box.leaf:
         return LEAF
     if not box.alive:
         return FREED
-    return RELEASED if box.saved_bytes and not box.held_bytes else ALIVE
+    return ALIVE if box.held_bytes else RELEASED
 
 
-def _labels(
-    ax: Any,
-    boxes: list[Box],
-    xs: Sequence[float],
-    ys: Sequence[float],
-    sizes: Sequence[float],
-    width: float,
-) -> None:
-    """Each box's label right of its dot (a chain of modules reads top to bottom). Boxes a user's
-    variable keeps alive are labelled first, with the variable; a label that would run into
-    another label or another dot on its layer is left out (the table lists every box), and a note
-    says how many."""
-    low, high = ax.get_xlim()
-    points_per_x = width * 72 * 0.9 / ((high - low) or 1)  # the axes span ~90% of the figure
-    taken: dict[float, list[tuple[float, float]]] = {}  # layer -> spans in points
-    for x, y, size in zip(xs, ys, sizes, strict=True):
-        centre, radius = (x - low) * points_per_x, math.sqrt(size) / 2
-        taken.setdefault(y, []).append((centre - radius, centre + radius))
-    left_out = 0
-    for index in sorted(range(len(boxes)), key=lambda i: (not boxes[i].holders, ys[i], xs[i])):
-        box, x, y, size = boxes[index], xs[index], ys[index], sizes[index]
-        text = _short_label(box)
-        start = (x - low) * points_per_x + math.sqrt(size) / 2 + 4
-        end = start + 7 * 0.6 * max(len(part) for part in text.split("\n")) + 4
-        if any(a < end and start < b for a, b in taken[y]):
-            left_out += 1
-            continue
-        taken[y].append((start, end))
-        ax.annotate(
-            text,
-            (x, y),
-            xytext=(math.sqrt(size) / 2 + 4, 0),  # dot radius in points, plus a gap
-            textcoords="offset points",
-            ha="left",
-            va="center",
-            fontsize=7,
-            color=INK,
-            zorder=4,
-        )
-    if left_out:
-        ax.text(
-            0,
-            0,
-            f"{left_out:,} labels left out where they would overlap (the table lists every box)",
-            transform=ax.transAxes,
-            fontsize=7,
-            color=INK,
-        )
-
-
-def _legend(ax: Any, view: GraphView) -> None:
+def _legend(ax: Any, view: GraphView, left_out: int = 0) -> None:
+    """The colours below the drawing; above it, how to read it and how many labels it lacks
+    (said there, not in a corner of the drawing, where a dot may be)."""
     handles = [
         Line2D([], [], marker="o", ls="", color=c, label=t)
         for c, t in (
-            (ALIVE, "alive"),
-            (RELEASED, "alive, saved tensors released"),
+            (ALIVE, "alive, holds saved tensors"),
+            (RELEASED, "alive, holds none (released or never saved)"),
             (FREED, "freed"),
             (LEAF, "leaf (AccumulateGrad)"),
         )
@@ -163,42 +115,15 @@ def _legend(ax: Any, view: GraphView) -> None:
     grouped = (
         f"one box per module at depth {view.depth} (its parameters inside)"
         if view.depth > 0
-        else "inputs (leaves) beside the op that uses them"
+        else "each input (leaf) one layer above the ops that use it"
     )
+    missing = f"\n{left_out:,} labels left out where they would overlap." if left_out else ""
     ax.set_title(
-        f"the loss at the bottom; {grouped}\n"
-        "dot size = bytes saved for backward over the whole block (released ones included)",
+        f"The loss is at the bottom; {grouped}.\n"
+        "Dot size: bytes saved for backward while recording, released ones included." + missing,
         size=8,
         color=INK,
     )
-
-
-def _short_label(box: Box) -> str:
-    """'Sum L4' with its bytes under it; a module: path, class, nodes and bytes on two lines;
-    then the variable that keeps the box's graph alive, if any."""
-    text = _box_text(box)
-    return f"{text}\n{_held_by(box.holders)}" if box.holders else text
-
-
-def _box_text(box: Box) -> str:
-    if box.module:
-        repeat = f" x{box.modules}" if box.modules > 1 else ""
-        size = f", {format_bytes(box.saved_bytes)}" if box.saved_bytes else ""
-        return f"{box.name}  {box.type}{repeat}\n{len(box.members):,} nodes{size}"
-    name = "leaf" if box.name == ACCUMULATE_GRAD else box.name.replace("Backward0", "")
-    name = name.replace("Backward1", "")
-    count = f" x{len(box.members)}" if len(box.members) > 1 else ""
-    line = box.where.replace("line ", "L").split(",")[0]
-    text = f"{name}{count} {line}" + (
-        f" +{box.params} leaves" if box.params and not box.leaf else ""
-    )
-    return f"{text}\n{format_bytes(box.saved_bytes)}" if box.saved_bytes else text
-
-
-def _held_by(paths: list[str]) -> str:
-    """'held by history[0], +31 more': who keeps the box's graph alive."""
-    more = f", +{len(paths) - 1} more" if len(paths) > 1 else ""
-    return f"held by {paths[0]}{more}"
 
 
 def timeline_figure(

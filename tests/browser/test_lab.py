@@ -485,14 +485,30 @@ def modules_tab(widget: Any) -> Any:
     return content
 
 
+@contextlib.contextmanager
+def left_unchanged(notebook: str) -> Iterator[None]:
+    """Fail when the browser session changed the repository's `notebook` (autosave is off)."""
+    path = ROOT / notebook
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    try:
+        yield
+    finally:
+        after = hashlib.sha256(path.read_bytes()).hexdigest()
+        assert after == before, f"{notebook} was modified by the browser session"
+
+
+def screenshot_dir(tmp_path: Path) -> Path:
+    """AUTOGRAD_MAGIC_SCREENSHOT_DIR when set, else the test's own temporary folder."""
+    shots = Path(os.environ.get("AUTOGRAD_MAGIC_SCREENSHOT_DIR") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    return shots
+
+
 def test_modules_view_of_a_transformer_and_a_long_loop_in_both_themes(
     lab: Lab, page: Any, tmp_path: Path
 ) -> None:
-    notebook = ROOT / REAL_MODELS
-    before = hashlib.sha256(notebook.read_bytes()).hexdigest()
-    shots = Path(os.environ.get("AUTOGRAD_MAGIC_SCREENSHOT_DIR") or tmp_path)
-    shots.mkdir(parents=True, exist_ok=True)
-    try:
+    shots = screenshot_dir(tmp_path)
+    with left_unchanged(REAL_MODELS):
         # GIVEN the real-models notebook run in JupyterLab (a tall window: whole panels in view)
         page.set_viewport_size({"width": 1280, "height": 2400})
         texts = open_and_run(lab, page, REAL_MODELS, len(REAL_PANELS))
@@ -533,6 +549,3 @@ def test_modules_view_of_a_transformer_and_a_long_loop_in_both_themes(
             print(f"{name}: lowest text contrast in the dark theme {dark:.2f}")
             assert dark >= 4.5, (name, dark)
         print(f"Modules view screenshots: {sorted(str(p) for p in shots.glob('modules-*.png'))}")
-    finally:
-        after = hashlib.sha256(notebook.read_bytes()).hexdigest()
-        assert after == before, f"{REAL_MODELS} was modified by the browser session"
