@@ -135,11 +135,17 @@ def _kept_container(f: Fact) -> str:
         else "a tensor that still carries its autograd graph"
     )
     taken = f"line {f.line}{quoted_code(f.reference)} keeps " if f.reference else ""
+    if f.detail.get("used", True):
+        fix = "Keep `.item()` (a number) or `.detach()` of the value instead of the tensor itself."
+    else:  # outputs no backward used: the graph was never needed
+        fix = (
+            "No backward used them: compute them under `torch.no_grad()`, or keep "
+            "`.detach()` of each."
+        )
     return (
         f"`{path}` holds {what} ({len(f.node_ids):,} nodes{saved}): {taken}what line "
         f"{cell_line(f.built)}{quoted_source(f.built)} computed; the graphs stay in memory as "
-        f"long as `{path}` does. Keep `.item()` or `.detach()` of the value instead of the "
-        f"tensor itself."
+        f"long as `{path}` does. {fix}"
     )
 
 

@@ -1,0 +1,119 @@
+"""Findings built from hand-made records, no recorder run (issue 22): each class of mistake the
+corpus of real loops showed (tests/findings_corpus.py) has a test here on the records alone."""
+
+from __future__ import annotations
+
+from autograd_magic.model.records import BackwardCall, Holder, NodeRecord, SavedBuffer, Site
+from autograd_magic.model.trace import Trace
+from autograd_magic.views.wording import analyze
+
+CELL = "<records-cell>"
+
+
+def site(line: int, inner: int | None = None, function: str = "forward") -> Site:
+    """A cell line, or a line `inner` of `function` called from cell line `line`."""
+    if inner is None:
+        return Site(CELL, line)
+    return Site(CELL, inner, function, outer_line=line)
+
+
+def node(nid: int, name: str, seq: int, where: Site, nexts=(), **kw) -> NodeRecord:
+    return NodeRecord(nid, name, seq, where, tuple(nexts), **kw)
+
+
+def buffer(bid: int, nid: int, seq: int, where: Site, nbytes: int = 1024, **kw) -> SavedBuffer:
+    return SavedBuffer(
+        bid,
+        nid,
+        (nbytes // 4,),
+        "float32",
+        "cpu",
+        nbytes,
+        nbytes,
+        False,
+        False,
+        0,
+        seq,
+        where,
+        storage_key=bid,
+        **kw,
+    )
+
+
+def trace_of(nodes, buffers, calls=(), holders=()) -> Trace:
+    trace = Trace.from_records(list(nodes), list(buffers), finished=True)
+    trace.backward_calls = list(calls)
+    trace.holders = list(holders)
+    return trace
+
+
+def step(first_seq: int, line0: int = 1, freed: int | None = None):
+    """One training step: w (leaf), Mm (saves 1 KiB) at line0, Sum at line0 + 1, walked by the
+    backward at line0 + 2 whose index is `first_seq // 10`."""
+    index = first_seq // 10
+    w = node(first_seq, "AccumulateGrad", first_seq, site(line0), reached_by=index)
+    mm = node(first_seq + 1, "MmBackward0", first_seq + 1, site(line0), (w.id,), reached_by=index)
+    loss = node(
+        first_seq + 2,
+        "SumBackward0",
+        first_seq + 2,
+        site(line0 + 1),
+        (mm.id,),
+        reached_by=index,
+        freed_seq=freed,
+        freed_site=None if freed is None else site(line0 + 1),
+    )
+    saved = buffer(first_seq, mm.id, first_seq + 1, site(line0), freed_seq=first_seq + 4)
+    call = BackwardCall("backward", first_seq + 3, site(line0 + 2), False, False, first_seq + 4)
+    call.root_ids, call.reached = (loss.id,), (w.id, mm.id, loss.id)
+    return [w, mm, loss], [saved], call
+
+
+# ----- class 2: unused graphs ------------------------------------------------------------------
+def test_a_metric_computed_from_a_trained_graph_is_no_finding():
+    # GIVEN a step, then `ppl.append(loss.exp().item())`: an Exp on the trained loss, freed at once
+    nodes, buffers, call = step(0)
+    exp = node(50, "ExpBackward0", 5, site(4), (2,), freed_seq=6, freed_site=site(4))
+    trace = trace_of([*nodes, exp], [*buffers, buffer(50, 50, 5, site(4), 4, freed_seq=6)], [call])
+    # THEN nothing is said: it is what a correct loop does
+    assert analyze(trace) == []
+
+
+def test_a_forward_dropped_in_the_expression_that_built_it_is_no_finding():
+    # GIVEN `fake = G(z).detach()` after a step: a forward of its own, dead before anything else
+    nodes, buffers, call = step(0)
+    g = node(60, "MmBackward0", 6, site(5), (0,), freed_seq=7, freed_site=site(5))
+    trace = trace_of([*nodes, g], [*buffers, buffer(60, 60, 6, site(5), freed_seq=7)], [call])
+    assert analyze(trace) == []
+
+
+def test_an_unused_forward_held_past_its_moment_is_named_at_the_line_that_built_it():
+    # GIVEN a forward (Mm, 4 KiB saved) at line 6 consumed by a Cat at line 7 that saves
+    # nothing, rebound only after the next forward was built
+    nodes, buffers, call = step(0)
+    mm1 = node(60, "MmBackward0", 6, site(6), (0,), freed_seq=20, freed_site=site(6))
+    cat1 = node(61, "CatBackward0", 7, site(7), (60,), freed_seq=20, freed_site=site(6))
+    mm2 = node(62, "MmBackward0", 9, site(6), (0,))
+    cat2 = node(63, "CatBackward0", 10, site(7), (62,))
+    saved = [buffer(60, 60, 6, site(6), 4096, freed_seq=20), buffer(62, 62, 9, site(6), 4096)]
+    trace = trace_of(
+        [*nodes, mm1, cat1, mm2, cat2], [*buffers, *saved], [call], [Holder("out", 63)]
+    )
+    # THEN one finding at the building line 6, not the consuming line 7, naming the holder
+    (found,) = analyze(trace)
+    assert (found.kind, found.line, found.holder) == ("unused-graph", 6, "out")
+    assert "2 graphs built at line 6" in found.message
+
+
+def test_a_list_of_outputs_no_backward_used_is_one_finding_with_no_grad_advice():
+    # GIVEN `outs.append(model(x))` twice and no backward (validation without no_grad)
+    leaf = node(1, "AccumulateGrad", 1, site(2))
+    mms = [node(2 + i, "MmBackward0", 2 + i, site(2), (1,)) for i in range(2)]
+    saved = [buffer(i, m.id, m.born_seq, site(2)) for i, m in enumerate(mms)]
+    holders = [Holder(f"outs[{i}]", m.id) for i, m in enumerate(mms)]
+    trace = trace_of([leaf, *mms], saved, holders=holders)
+    # THEN one finding about `outs` (not a second one about the same graphs), and no `.item()`
+    (found,) = analyze(trace)
+    assert (found.kind, found.holder) == ("kept-alive", "outs")
+    assert "torch.no_grad()" in found.message
+    assert ".item()" not in found.message
