@@ -117,3 +117,53 @@ def test_a_list_of_outputs_no_backward_used_is_one_finding_with_no_grad_advice()
     assert (found.kind, found.holder) == ("kept-alive", "outs")
     assert "torch.no_grad()" in found.message
     assert ".item()" not in found.message
+
+
+# ----- class 1 and 4: the line where the reference is taken, and a fix that fits the code -----
+def test_a_write_inside_a_helper_is_reported_at_the_helper_line_with_its_own_out_of_place_form(
+    tmp_path,
+):
+    from autograd_magic.model.records import VersionBump
+
+    # GIVEN a cell whose helper clamps in place what sigmoid saved (line 2 of the file)
+    cell = tmp_path / "cell.py"
+    cell.write_text("def clamp_probs(p):\n    p.clamp_(1e-6, 1 - 1e-6)\n    return p\n")
+    where = Site(str(cell), 2, "clamp_probs", outer_line=7)
+    # (built in an earlier cell: no unused-graph finding about it here)
+    sig = node(1, "SigmoidBackward0", 1, Site(str(cell), 6), existed_before=True)
+    saved = buffer(1, 1, 1, Site(str(cell), 6))
+    trace = trace_of([sig], [saved])
+    trace.version_bumps = [VersionBump("p", "clamp_", 0, 1, 2, where, hit_buffers=(1,))]
+    # THEN the finding is at the helper's line, the call line related, the fix in its own words
+    (found,) = analyze(trace)
+    assert (found.kind, found.line, found.holder) == ("inplace-on-saved", 2, "p")
+    assert 7 in found.related_lines
+    assert "`p = p.clamp(1e-6, 1 - 1e-6)`" in found.message
+    assert "line 2 of `clamp_probs`, called at line 7" in found.message
+    assert "x = x + 1" not in found.message
+
+
+def test_a_statistic_a_forward_keeps_with_its_graph_is_fixed_with_detach_not_item(tmp_path):
+    # GIVEN `self.running_mean = 0.9 * self.running_mean + 0.1 * h.mean(0)` in a forward
+    # (line 3) called from cell line 9, chaining three iterations no backward walks
+    cell = tmp_path / "cell.py"
+    cell.write_text("\n\n        self.running_mean = 0.9 * self.running_mean + 0.1 * h\n")
+    inner = Site(str(cell), 3, "forward", outer_line=9)
+    nodes, buffers, calls = [], [], []
+    prev = None
+    for i in range(3):
+        n, b, call = step(10 * i)
+        nodes += n
+        buffers += b
+        calls.append(call)
+        stat = node(
+            100 + i, "AddBackward0", 10 * i + 2, inner, (1 + 10 * i, *([prev] if prev else []))
+        )
+        nodes.append(stat)
+        prev = stat.id
+    trace = trace_of(nodes, buffers, calls, [Holder("norm.running_mean", prev)])
+    (found,) = analyze(trace)
+    assert (found.kind, found.line, found.holder) == ("kept-alive", 3, "norm.running_mean")
+    assert found.related_lines == (9,)
+    assert "`self.running_mean = (0.9 * self.running_mean + 0.1 * h).detach()`" in found.message
+    assert ".item()" not in found.message

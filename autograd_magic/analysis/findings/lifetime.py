@@ -8,7 +8,11 @@ from collections import Counter
 from typing import Any
 
 from autograd_magic.analysis.findings.facts import Fact
-from autograd_magic.analysis.findings.source import store_site
+from autograd_magic.analysis.findings.source import (
+    attribute_store_site,
+    store_site,
+    without_graph,
+)
 from autograd_magic.analysis.index import RecordIndex, retained_bytes_of
 from autograd_magic.model.records import NodeRecord
 from autograd_magic.model.trace import Trace
@@ -64,15 +68,20 @@ def _kept_alive_chain(path: str, root: NodeRecord, graph: RecordIndex) -> Fact |
     if len(same_line) < 2 or len(epochs) < 2:
         return None
     nbytes = retained_bytes_of(graph.buffers_of(nodes, live=True))
+    built = root.born_site
+    # Filled inside a function (a module's forward): the line to fix is the inner one.
+    inner = built.outer_line is not None and built.outer_line != built.line
     return Fact(
         "kept-alive",
         "chain",
-        cell_line(root.born_site),
+        built.line if inner else cell_line(built),
+        (cell_line(built),) if inner else (),
         holder=path,
         nbytes=nbytes,
         built=root.born_site,
         iterations=len(epochs),
         node_ids=tuple(sorted(nodes)),
+        detail={"fix": without_graph(built, path)},
     )
 
 
@@ -92,13 +101,18 @@ def _kept_alive_container(path: str, roots: list[NodeRecord], graph: RecordIndex
         return None
     first = min(roots, key=lambda n: n.born_seq)
     computed = cell_line(first.born_site)
-    store = store_site(graph.trace, path, computed)
+    store = store_site(graph.trace, path, computed) or attribute_store_site(
+        graph.trace, path, computed
+    )
     line = computed if store is None else store.line
+    related = {cell_line(r.born_site) for r in roots}
+    if store is not None and store.outer_line is not None:
+        related.add(store.outer_line)  # the call that reached the filling method
     return Fact(
         "kept-alive",
         "container",
         line,
-        tuple(sorted({cell_line(r.born_site) for r in roots} - {line})),
+        tuple(sorted(related - {line})),
         path,
         nbytes,
         reference=store,

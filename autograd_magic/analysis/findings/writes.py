@@ -4,7 +4,7 @@ shared-write and data-bypass."""
 from __future__ import annotations
 
 from autograd_magic.analysis.findings.facts import Fact, SavedBy
-from autograd_magic.analysis.findings.source import is_step_call, stepped_object
+from autograd_magic.analysis.findings.source import is_step_call, out_of_place, stepped_object
 from autograd_magic.analysis.index import RecordIndex
 from autograd_magic.model.records import VersionBump
 from autograd_magic.model.trace import Trace
@@ -38,17 +38,19 @@ def inplace_on_saved(trace: Trace, graph: RecordIndex, cause: Fact | None) -> li
             steps.setdefault(key[0], []).append(bump)
             continue
         saved, buffer_ids = saved_by(graph, [bump])
+        # Written inside a function (a helper, a forward): the line to fix is the inner one.
+        inner = bump.site.outer_line not in (None, bump.site.line)
         facts.append(
             Fact(
                 "inplace-on-saved",
                 "write",
-                key[0],
-                saved.lines,
+                bump.site.line if inner else key[0],
+                tuple(sorted({*saved.lines, key[0]} - {bump.site.line if inner else key[0]})),
                 bump.label,
                 0,
                 reference=bump.site,
                 buffer_ids=buffer_ids,
-                detail={"op": bump.op, "saved": saved},
+                detail={"op": bump.op, "saved": saved, "fix": out_of_place(bump.site, bump.op)},
             )
         )
     facts += [_optimizer_step(graph, line, bumps, cause) for line, bumps in steps.items()]
