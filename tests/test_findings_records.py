@@ -167,3 +167,41 @@ def test_a_statistic_a_forward_keeps_with_its_graph_is_fixed_with_detach_not_ite
     assert found.related_lines == (9,)
     assert "`self.running_mean = (0.9 * self.running_mean + 0.1 * h).detach()`" in found.message
     assert ".item()" not in found.message
+
+
+# ----- class 3 and 5: cause first, and nothing said of a graph nobody backpropagates ----------
+def retained_then_step(later_backward: bool, create_graph: bool = False) -> Trace:
+    """backward(retain_graph=True) at line 3 over Mm (saved weight, line 1), opt.step() at line
+    4 updating that weight; optionally a later backward at line 5 through it that failed."""
+    from autograd_magic.model.records import VersionBump
+
+    w = node(1, "AccumulateGrad", 1, site(1), reached_by=0)
+    mm = node(2, "MmBackward0", 2, site(1), (1,), reached_by=0)
+    loss = node(3, "SumBackward0", 3, site(2), (2,), reached_by=0)
+    saved = buffer(1, 2, 2, site(1))
+    first = BackwardCall("backward", 4, site(3), True, create_graph, 5, root_ids=(3,))
+    first.reached = (1, 2, 3)
+    calls = [first]
+    if later_backward:
+        again = BackwardCall("backward", 7, site(5), False, False, 8, error="RuntimeError: boom")
+        again.root_ids, again.reached = (3,), (1, 2, 3)
+        calls.append(again)
+    trace = trace_of([w, mm, loss], [saved], calls, [Holder("loss", 3)])
+    trace.version_bumps = [VersionBump("w", "_foreach_add_", 0, 1, 6, site(4), hit_buffers=(1,))]
+    return trace
+
+
+def test_a_retained_graph_walked_again_is_not_blamed_and_the_step_is_the_cause():
+    found = analyze(retained_then_step(later_backward=True))
+    assert [(f.kind, f.line) for f in found] == [("inplace-on-saved", 4)]
+    assert "drop retain_graph" not in found[0].message
+
+
+def test_a_step_under_a_graph_nobody_backpropagates_again_is_not_said_to_fail():
+    found = analyze(retained_then_step(later_backward=False))
+    assert [f.kind for f in found] == ["retained-graph"]
+
+
+def test_create_graph_retains_on_purpose():
+    found = analyze(retained_then_step(later_backward=False, create_graph=True))
+    assert "retained-graph" not in [f.kind for f in found]

@@ -53,8 +53,21 @@ def inplace_on_saved(trace: Trace, graph: RecordIndex, cause: Fact | None) -> li
                 detail={"op": bump.op, "saved": saved, "fix": out_of_place(bump.site, bump.op)},
             )
         )
-    facts += [_optimizer_step(graph, line, bumps, cause) for line, bumps in steps.items()]
+    facts += [
+        _optimizer_step(graph, line, bumps, cause)
+        for line, bumps in steps.items()
+        if cause is not None or _backpropagated_after(trace, graph, bumps)
+    ]
     return facts
+
+
+def _backpropagated_after(trace: Trace, graph: RecordIndex, bumps: list[VersionBump]) -> bool:
+    """Whether a backward after the step walked a node whose saved tensors the step changed:
+    only then does the stale graph matter (no one backpropagates through it otherwise)."""
+    hit = [b for b in map(graph.buffer, (i for x in bumps for i in x.hit_buffers)) if b]
+    owners = {b.node_id for b in hit}
+    seq = bumps[0].seq
+    return any(c.seq > seq and owners & set(c.reached) for c in trace.backward_calls)
 
 
 def _optimizer_step(
