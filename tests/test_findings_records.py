@@ -205,3 +205,16 @@ def test_a_step_under_a_graph_nobody_backpropagates_again_is_not_said_to_fail():
 def test_create_graph_retains_on_purpose():
     found = analyze(retained_then_step(later_backward=False, create_graph=True))
     assert "retained-graph" not in [f.kind for f in found]
+
+
+def test_one_numpy_buffer_rewritten_in_a_loop_is_one_finding():
+    from autograd_magic.model.records import VersionBump
+
+    mm = node(1, "MmBackward0", 1, site(2), existed_before=True)
+    bumps = [
+        VersionBump("obs_buf", "numpy write", 0, 0, 2 + i, site(3), hit_buffers=(1,), bypass=True)
+        for i in range(5)
+    ]
+    trace = trace_of([mm], [buffer(1, 1, 1, site(2))])
+    trace.version_bumps = bumps
+    assert [f.kind for f in analyze(trace)] == ["data-bypass"]

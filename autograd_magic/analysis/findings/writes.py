@@ -125,13 +125,16 @@ def shared_write(trace: Trace, graph: RecordIndex) -> list[Fact]:
 
 def data_bypass(trace: Trace, graph: RecordIndex) -> list[Fact]:
     """Writes through `.data` or NumPy to memory autograd saved, invisible to its version check."""
-    facts = []
+    facts, seen = [], set()
     for bump in trace.version_bumps:
         if not (bump.bypass and bump.hit_buffers):
             continue
-        saved, buffer_ids = saved_by(graph, [bump])
         numpy = bump.op == "numpy write"
         written = bump.label if numpy or "#" not in bump.label else f"{bump.bypassed}.data"
+        if (cell_line(bump.site), written) in seen:  # one buffer rewritten in a loop: one fact
+            continue
+        seen.add((cell_line(bump.site), written))
+        saved, buffer_ids = saved_by(graph, [bump])
         facts.append(
             Fact(
                 "data-bypass",
