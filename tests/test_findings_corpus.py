@@ -12,8 +12,10 @@ def expected_rows(case: Case) -> list[tuple[str, int, str | None]]:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_corpus_case(name):
+def test_corpus_case(name, request):
     case = CASES[name]
+    if case.known_gap:
+        request.applymarker(pytest.mark.xfail(reason=case.known_gap, strict=True))
     # WHEN the loop runs under track()
     trace = case.loop()
     found = trace.findings

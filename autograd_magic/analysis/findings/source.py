@@ -114,11 +114,12 @@ def attribute_store_site(trace: Trace, path: str, computed: int) -> Site | None:
     file, _first, last = found
     lines = linecache.getlines(file)
     hits = [n for n, text in enumerate(lines, 1) if store.search(text.split("#", 1)[0])]
+    call = re.compile(rf"(?<![\w.]){re.escape(obj)}\.(\w+)\(")
     calls = [
-        n
+        (n, found.group(1))
         for n in range(computed, last + 10)
-        if re.search(rf"(?<![\w.]){re.escape(obj)}\.\w+\(", linecache.getline(file, n))
+        if (found := call.search(linecache.getline(file, n)))
     ]
     if len(hits) != 1 or not calls:
         return None
-    return Site(file, hits[0], "method", outer_line=calls[0])
+    return Site(file, hits[0], calls[0][1], outer_line=calls[0][0])
