@@ -386,6 +386,8 @@ def test_optimizer_step_on_weights_a_retained_graph_saved():
         out = (lin(x) ** 2).sum()
         out.backward(retain_graph=True)
         opt.step()  # L:STEP
+        with pytest.raises(RuntimeError, match="inplace"):
+            out.backward()  # a backward through the stale graph: the step broke it
     finding = only(trace, "inplace-on-saved")
     assert finding.line == line_of("STEP")
     assert "optimizer" in finding.message

@@ -155,13 +155,16 @@ def test_the_optimizer_step_without_a_carried_state_keeps_its_own_advice():
         loss = lin(torch.randn(8, 4)).pow(2).sum()
         loss.backward(retain_graph=True)
         opt.step()  # L:LONE_STEP
+        with pytest.raises(RuntimeError, match=INPLACE):
+            loss.backward()
     (step,) = [f for f in trace.findings if f.kind == "inplace-on-saved"]
     assert step.line == line_of("LONE_STEP")
     assert "run every backward before optimizer.step()" in step.message
     assert "Because" not in step.message
 
 
-def test_a_retained_graph_counts_the_call_that_raised():
+def test_a_retained_graph_walked_again_is_needed_and_the_step_that_broke_it_is_the_cause():
+    # (issue 22, class 3: "drop retain_graph" would break the second backward)
     torch.manual_seed(0)
     lin = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
     opt = torch.optim.SGD(lin.parameters(), lr=0.1)
@@ -173,9 +176,8 @@ def test_a_retained_graph_counts_the_call_that_raised():
                 loss.backward(retain_graph=True)  # L:THRICE
                 if _ == 1:
                     opt.step()
-    (retained,) = [f for f in trace.findings if f.kind == "retained-graph"]
-    assert retained.line == line_of("THRICE")
-    assert "(called 3 times)" in retained.message
+    assert [f.kind for f in trace.findings] == ["inplace-on-saved"]
+    assert "run every backward before optimizer.step()" in trace.findings[0].message
 
 
 # ----- correct loops: no findings at all --------------------------------------------------------

@@ -110,14 +110,27 @@ def _saved_bytes(nbytes: int) -> str:
 
 
 # ----- kept-alive and unused-graph ----------------------------------------------------------
+def at_line(line: int | None, site: Site | None) -> str:
+    """'line 9 (`code`)', or for a line inside a function called from the traced code
+    'line 4 of `forward`, called at line 9 (`code`)': each line said once."""
+    where = f"line {line}"
+    if site is not None and site.outer_line not in (None, site.line):
+        where += f" of `{site.function}`, called at line {site.outer_line}"
+    return where + quoted_code(site)
+
+
 def _kept_chain(f: Fact) -> str:
     assert f.built is not None
+    fix = f.detail.get("fix")
+    advice = (
+        f"Keep the value without its graph: `{fix}`."
+        if fix
+        else "Keep `.detach()` of what is added instead of the tensor itself."
+    )
     return (
-        f"`{f.holder}` keeps every iteration's graph alive: line {f.line}"
-        f"{quoted_source(f.built)} adds each new result to it, so {f.iterations:,} iterations' "
-        f"graphs ({len(f.node_ids):,} nodes{_saved_bytes(f.nbytes)}) are chained together and "
-        f"never freed. Accumulate a number instead: `{f.holder} += loss.item()` (or "
-        f"`loss.detach()`)."
+        f"`{f.holder}` keeps every iteration's graph alive: {at_line(f.line, f.built)} adds "
+        f"each new result to it, so {f.iterations:,} iterations' graphs ({len(f.node_ids):,} "
+        f"nodes{_saved_bytes(f.nbytes)}) are chained together and never freed. {advice}"
     )
 
 
@@ -134,12 +147,18 @@ def _kept_container(f: Fact) -> str:
         if roots > 1
         else "a tensor that still carries its autograd graph"
     )
-    taken = f"line {f.line}{quoted_code(f.reference)} keeps " if f.reference else ""
+    taken = f"{at_line(f.line, f.reference)} keeps " if f.reference else ""
+    if f.detail.get("used", True):
+        fix = "Keep `.item()` (a number) or `.detach()` of the value instead of the tensor itself."
+    else:  # outputs no backward used: the graph was never needed
+        fix = (
+            "No backward used them: compute them under `torch.no_grad()`, or keep "
+            "`.detach()` of each."
+        )
     return (
         f"`{path}` holds {what} ({len(f.node_ids):,} nodes{saved}): {taken}what line "
         f"{cell_line(f.built)}{quoted_source(f.built)} computed; the graphs stay in memory as "
-        f"long as `{path}` does. Keep `.item()` or `.detach()` of the value instead of the "
-        f"tensor itself."
+        f"long as `{path}` does. {fix}"
     )
 
 
@@ -310,12 +329,17 @@ def _fix_built_once(f: Fact) -> str:
 # ----- writes -------------------------------------------------------------------------------
 def _inplace(f: Fact) -> str:
     assert f.reference is not None
+    fix = f.detail.get("fix")
+    advice = (
+        f"Use the out-of-place form, `{fix}`, or `.clone()` the tensor before writing to it."
+        if fix
+        else "Use the out-of-place form of the operation (inplace=False for a layer), or "
+        "`.clone()` the tensor before writing to it."
+    )
     return (
-        f"In-place `{f.detail['op']}` on `{f.holder}` at line {f.line}"
-        f"{quoted_source(f.reference)} changed a tensor that {_saved(f.detail['saved'])}; a "
-        f"backward through that graph will fail with {INPLACE_ERROR}. Use the out-of-place form "
-        f"(`x = x + 1`, `torch.relu(x)` / inplace=False), or `.clone()` the tensor before "
-        f"writing to it."
+        f"In-place `{f.detail['op']}` on `{f.holder}` at {at_line(f.line, f.reference)} changed "
+        f"a tensor that {_saved(f.detail['saved'])}; a backward through that graph will fail "
+        f"with {INPLACE_ERROR}. {advice}"
     )
 
 

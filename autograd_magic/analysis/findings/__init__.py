@@ -32,6 +32,10 @@ def find_facts(trace: Trace) -> list[Fact]:
     kept = kept_alive(trace, graph)
     if cause is not None:  # the root cause names the variable; no second fact about it
         kept = [f for f in kept if f.holder != cause.holder]
+    unused = unused_graph(trace, graph)
+    # A variable holding graphs no backward used is one finding, about the variable.
+    kept_names = {f.holder for f in kept}
+    unused = [f for f in unused if f.form == "leftover" or f.holder not in kept_names]
     facts = [
         *kept,
         *([] if cause is None else [cause]),
@@ -40,7 +44,7 @@ def find_facts(trace: Trace) -> list[Fact]:
         *inplace_on_saved(trace, graph, cause),
         *shared_write(trace, graph),
         *data_bypass(trace, graph),
-        *unused_graph(trace, graph),
+        *unused,
     ]
 
     def rank(f: Fact) -> tuple[int, int, int]:

@@ -105,7 +105,13 @@ def _first_walk(graph: RecordIndex, root_id: int, memo: dict[int, int]) -> int:
         if todo:
             stack.extend(todo)
             continue
-        own = never if node.reached_by is None else node.reached_by
+        # A walk by torch.autograd.grad(create_graph=True) (MAML's inner step, a gradient
+        # penalty) builds on the graph on purpose; the backward that follows uses it again.
+        own = (
+            never
+            if node.reached_by is None or graph.trace.backward_calls[node.reached_by].create_graph
+            else node.reached_by
+        )
         memo[node_id] = min([own, *(memo[c] for c in node.next_ids)])
         stack.pop()
     return memo[root_id]
@@ -129,8 +135,12 @@ def retained_graph(trace: Trace, graph: RecordIndex, cause: Fact | None) -> list
     """`retain_graph=True` calls whose kept buffers no later backward released; `cause` is the
     graph-growth fact that made them seem needed, when there is one."""
     by_line: dict[int, list[BackwardCall]] = {}
-    for call in trace.backward_calls:
-        if call.retain_graph:
+    for index, call in enumerate(trace.backward_calls):
+        # create_graph=True retains on purpose, for the backward through the gradients; and a
+        # retained graph a later backward walked again (a GAN's generator step) was needed:
+        # without a carried value behind it, what broke there is the cause, not the retain.
+        later = {n for c in trace.backward_calls[index + 1 :] for n in c.reached}
+        if call.retain_graph and not call.create_graph and (cause or not later & set(call.reached)):
             by_line.setdefault(cell_line(call.site), []).append(call)
     facts = []
     for line, every in by_line.items():

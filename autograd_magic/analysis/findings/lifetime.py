@@ -3,11 +3,16 @@ unused-graph (graphs no backward used)."""
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from typing import Any
 
 from autograd_magic.analysis.findings.facts import Fact
-from autograd_magic.analysis.findings.source import store_site
+from autograd_magic.analysis.findings.source import (
+    attribute_store_site,
+    store_site,
+    without_graph,
+)
 from autograd_magic.analysis.index import RecordIndex, retained_bytes_of
 from autograd_magic.model.records import NodeRecord
 from autograd_magic.model.trace import Trace
@@ -63,15 +68,20 @@ def _kept_alive_chain(path: str, root: NodeRecord, graph: RecordIndex) -> Fact |
     if len(same_line) < 2 or len(epochs) < 2:
         return None
     nbytes = retained_bytes_of(graph.buffers_of(nodes, live=True))
+    built = root.born_site
+    # Filled inside a function (a module's forward): the line to fix is the inner one.
+    inner = built.outer_line is not None and built.outer_line != built.line
     return Fact(
         "kept-alive",
         "chain",
-        cell_line(root.born_site),
+        built.line if inner else cell_line(built),
+        (cell_line(built),) if inner else (),
         holder=path,
         nbytes=nbytes,
         built=root.born_site,
         iterations=len(epochs),
         node_ids=tuple(sorted(nodes)),
+        detail={"fix": without_graph(built, path)},
     )
 
 
@@ -91,20 +101,25 @@ def _kept_alive_container(path: str, roots: list[NodeRecord], graph: RecordIndex
         return None
     first = min(roots, key=lambda n: n.born_seq)
     computed = cell_line(first.born_site)
-    store = store_site(graph.trace, path, computed)
+    store = store_site(graph.trace, path, computed) or attribute_store_site(
+        graph.trace, path, computed
+    )
     line = computed if store is None else store.line
+    related = {cell_line(r.born_site) for r in roots}
+    if store is not None and store.outer_line is not None:
+        related.add(store.outer_line)  # the call that reached the filling method
     return Fact(
         "kept-alive",
         "container",
         line,
-        tuple(sorted({cell_line(r.born_site) for r in roots} - {line})),
+        tuple(sorted(related - {line})),
         path,
         nbytes,
         reference=store,
         built=first.born_site,
         iterations=len(epochs),
         node_ids=tuple(sorted(nodes)),
-        detail={"roots": len(roots)},
+        detail={"roots": len(roots), "used": used},
     )
 
 
@@ -113,7 +128,11 @@ _ADD = "AddBackward0"
 
 
 def unused_graph(trace: Trace, graph: RecordIndex) -> list[Fact]:
-    """Graphs built with saved tensors that no backward ever used (e.g. inference with grad on)."""
+    """Graphs built with saved tensors that no backward used, when they cost something a user
+    would want back: a forward whose graph outlived the moment it was made (inference with grad
+    on, a per-sample forward skipped), named at the line that built it. A metric computed from a
+    trained graph (`loss.exp().item()`, a distribution's normalised `probs`) and a graph dropped
+    at once (`G(z).detach()`) are what correct loops do."""
     unused = {
         n.id: n
         for n in trace.nodes
@@ -121,25 +140,81 @@ def unused_graph(trace: Trace, graph: RecordIndex) -> list[Fact]:
     }
     children = {c for n in unused.values() for c in n.next_ids}
     roots = [n for n in unused.values() if n.id not in children]
-    by_line: dict[int, list[NodeRecord]] = {}
-    for root in roots:
-        by_line.setdefault(cell_line(root.born_site), []).append(root)
-    no_backward = not trace.backward_calls
     fed_a_backward = {n.born_site for n in trace.nodes if n.reached_by is not None}
     facts = []
-    for line, line_roots in by_line.items():
-        freed = [r for r in line_roots if not r.alive]
-        for root in line_roots:
-            if root.alive and root.born_site in fed_a_backward:
-                fact = _leftover(trace, graph, root, unused)
-                facts += [fact] if fact else []
-        if not (no_backward or freed):
+    for root in roots:
+        if root.alive and root.born_site in fed_a_backward:
+            fact = _leftover(trace, graph, root, unused)
+            facts += [fact] if fact else []
+    told = {i for f in facts for i in f.node_ids}  # a leftover's graphs are said once
+    unused = {i: n for i, n in unused.items() if i not in told}
+    births = sorted(n.born_seq for n in trace.nodes)
+    by_line: dict[int, list[set[int]]] = {}
+    for part in _components(unused):
+        if _byproduct(graph, part) or _transient(graph, part, births):
             continue
-        per_graph = [_unused_bytes(graph, r, unused) for r in line_roots]
-        if not any(per_graph):
-            continue
-        facts.append(_unused(trace, line, line_roots, freed, max(per_graph)))
+        by_line.setdefault(_building_line(graph, part), []).append(part)
+    for line, parts in by_line.items():
+        per_graph = [retained_bytes_of(graph.buffers_of(p, live=False)) for p in parts]
+        if any(per_graph):
+            facts.append(_unused(trace, graph, line, parts, max(per_graph)))
     return facts
+
+
+def _components(unused: dict[int, NodeRecord]) -> list[set[int]]:
+    """The unused nodes split into graphs: nodes joined by an edge belong to one graph."""
+    parent = {i: i for i in unused}
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for node in unused.values():
+        for child in node.next_ids:
+            if child in unused:
+                parent[find(child)] = find(node.id)
+    parts: dict[int, set[int]] = {}
+    for i in unused:
+        parts.setdefault(find(i), set()).add(i)
+    return sorted(parts.values(), key=min)
+
+
+def _byproduct(graph: RecordIndex, part: set[int]) -> bool:
+    """Whether the graph hangs off a graph a backward used: a metric or a sample computed from
+    a trained output, not a forward of its own."""
+    return any(
+        (child := graph.node(c)) is not None
+        and child.name != ACCUMULATE_GRAD
+        and child.reached_by is not None
+        for i in part
+        for c in graph.nodes[i].next_ids
+    )
+
+
+def _transient(graph: RecordIndex, part: set[int], births: list[int]) -> bool:
+    """Whether every node of the graph died before any other node was made: built and dropped
+    in one expression (`G(z).detach()`), so it never held memory past that moment."""
+    nodes = [graph.nodes[i] for i in part]
+    if any(n.alive for n in nodes):
+        return False
+    last_born = max(n.born_seq for n in nodes)
+    last_freed = max(n.freed_seq or 0 for n in nodes)
+    between = bisect.bisect_left(births, last_freed) - bisect.bisect_right(births, last_born)
+    return between == 0
+
+
+def _building_line(graph: RecordIndex, part: set[int]) -> int:
+    """The line that built most of the graph's saved bytes (the forward, not the line that
+    consumed its output), or that made most of its nodes when nothing was saved."""
+    weight: Counter[int] = Counter()
+    for buffer in graph.buffers_of(part, live=False):
+        if not buffer.is_leaf:
+            weight[cell_line(buffer.saved_site)] += buffer.nbytes
+    if not weight:
+        weight.update(cell_line(graph.nodes[i].born_site) for i in part)
+    return weight.most_common(1)[0][0]
 
 
 def _leftover(
@@ -176,20 +251,19 @@ def _leftover(
     )
 
 
-def _unused_bytes(graph: RecordIndex, root: NodeRecord, unused: dict[int, NodeRecord]) -> int:
-    return retained_bytes_of(graph.buffers_of(graph.reach_within(root.id, unused), live=False))
-
-
-def _unused(
-    trace: Trace, line: int, roots: list[NodeRecord], freed: list[NodeRecord], peak: int
-) -> Fact:
-    ids = {r.id for r in roots}
-    paths = [h.path for h in trace.holders if h.node_id in ids]
+def _unused(trace: Trace, graph: RecordIndex, line: int, parts: list[set[int]], peak: int) -> Fact:
+    ids = set().union(*parts)
+    nodes = [graph.nodes[i] for i in sorted(ids)]
+    at_line = [n for n in nodes if cell_line(n.born_site) == line]
+    built = min(at_line or nodes, key=lambda n: n.born_seq).born_site
+    held = [h.path for h in trace.holders if h.node_id in ids]
+    own = [h.path for h in trace.holders if h.node_id in {n.id for n in at_line}]
     # An attribute or a container (`crit.loss` set in a forward) is the holder a user would miss.
-    holder = next((p for p in paths if "." in p or "[" in p), paths[0] if paths else None)
+    path = next((p for p in held if "." in p or "[" in p), (own or held or [None])[0])
+    holder = None if path is None else holder_group(path)
     detail: dict[str, Any] = {
-        "graphs": len(roots),
-        "held": bool(holder) and any(r.alive for r in roots),
+        "graphs": len(parts),
+        "held": bool(holder) and any(graph.nodes[i].alive for i in ids if i in graph.nodes),
     }
     if not trace.backward_calls:
         return Fact(
@@ -199,11 +273,12 @@ def _unused(
             (),
             holder,
             peak,
-            built=roots[0].born_site,
+            built=built,
             node_ids=tuple(sorted(ids)),
             detail=detail,
         )
-    freed_at = Counter(cell_line(r.freed_site) for r in freed if r.freed_site is not None)
+    roots = [n for n in nodes if n.freed_site is not None and not n.alive]
+    freed_at = Counter(cell_line(n.freed_site) for n in roots if n.freed_site is not None)
     detail["freed_at"] = freed_at.most_common(1)[0][0] if freed_at else None
     return Fact(
         "unused-graph",
@@ -212,7 +287,7 @@ def _unused(
         tuple(sorted(set(freed_at) - {line})),
         holder,
         peak,
-        built=roots[0].born_site,
+        built=built,
         node_ids=tuple(sorted(ids)),
         detail=detail,
     )

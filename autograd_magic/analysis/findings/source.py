@@ -64,3 +64,62 @@ def stepped_object(site: Site) -> str | None:
     """`opt` in `opt.step()` on the line at `site`."""
     match = re.search(r"([\w.]+)\.step\(", source_of(site))
     return match.group(1) if match else None
+
+
+def _code(site: Site) -> str:
+    return source_of(site).split("#", 1)[0].strip()
+
+
+def out_of_place(site: Site, op: str) -> str | None:
+    """The out-of-place form of the in-place call on the line at `site`, when the line is just
+    that call: `p.clamp_(0, 1)` -> `p = p.clamp(0, 1)`, `x += y` -> `x = x + y`; else None."""
+    code = _code(site)
+    call = re.fullmatch(r"([\w.]+)\.(\w+_)\((.*)\)", code)
+    if call and call.group(2) == op:
+        target, name, args = call.groups()
+        return f"{target} = {target}.{name[:-1]}({args})"
+    augmented = re.fullmatch(r"([\w.]+)\s*([+\-*/])=\s*(.+)", code)
+    if augmented:
+        target, sign, value = augmented.groups()
+        return f"{target} = {target} {sign} {value}"
+    return None
+
+
+def without_graph(site: Site, holder: str) -> str | None:
+    """How the line at `site` keeps a number or a detached value in `holder` instead of a graph:
+    `total += loss` -> `total += loss.item()`; `self.mean = expr` -> `self.mean = (expr).detach()`
+    (a module's statistic is a tensor, never a number); None when the line is neither."""
+    code = _code(site)
+    added = re.fullmatch(r"([\w.]+)\s*\+=\s*(.+)", code)
+    if added and "." not in holder:
+        value = added.group(2)
+        value = value if re.fullmatch(r"[\w.]+", value) else f"({value})"
+        return f"{added.group(1)} += {value}.item()"
+    assigned = re.fullmatch(r"([\w.]+)\s*=\s*(.+)", code)
+    if assigned:
+        return f"{assigned.group(1)} = ({assigned.group(2)}).detach()"
+    return None
+
+
+def attribute_store_site(trace: Trace, path: str, computed: int) -> Site | None:
+    """Where `obj.attr` (a container on an object) is filled when a method does it
+    (`self.history.append(value)` inside `logger.log`): that line, with the traced line that
+    calls the object at or after line `computed` as its outer line."""
+    if path.count(".") != 1 or "[" in path or (found := traced_file(trace)) is None:
+        return None
+    obj, attr = path.split(".")
+    store = re.compile(
+        rf"(?<![\w.])self\.{re.escape(attr)}\s*(\.(append|extend|insert|add)\(|\[[^\]]*\]\s*=[^=])"
+    )
+    file, _first, last = found
+    lines = linecache.getlines(file)
+    hits = [n for n, text in enumerate(lines, 1) if store.search(text.split("#", 1)[0])]
+    call = re.compile(rf"(?<![\w.]){re.escape(obj)}\.(\w+)\(")
+    calls = [
+        (n, found.group(1))
+        for n in range(computed, last + 10)
+        if (found := call.search(linecache.getline(file, n)))
+    ]
+    if len(hits) != 1 or not calls:
+        return None
+    return Site(file, hits[0], calls[0][1], outer_line=calls[0][0])

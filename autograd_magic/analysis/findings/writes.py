@@ -4,7 +4,7 @@ shared-write and data-bypass."""
 from __future__ import annotations
 
 from autograd_magic.analysis.findings.facts import Fact, SavedBy
-from autograd_magic.analysis.findings.source import is_step_call, stepped_object
+from autograd_magic.analysis.findings.source import is_step_call, out_of_place, stepped_object
 from autograd_magic.analysis.index import RecordIndex
 from autograd_magic.model.records import VersionBump
 from autograd_magic.model.trace import Trace
@@ -38,21 +38,36 @@ def inplace_on_saved(trace: Trace, graph: RecordIndex, cause: Fact | None) -> li
             steps.setdefault(key[0], []).append(bump)
             continue
         saved, buffer_ids = saved_by(graph, [bump])
+        # Written inside a function (a helper, a forward): the line to fix is the inner one.
+        inner = bump.site.outer_line not in (None, bump.site.line)
         facts.append(
             Fact(
                 "inplace-on-saved",
                 "write",
-                key[0],
-                saved.lines,
+                bump.site.line if inner else key[0],
+                tuple(sorted({*saved.lines, key[0]} - {bump.site.line if inner else key[0]})),
                 bump.label,
                 0,
                 reference=bump.site,
                 buffer_ids=buffer_ids,
-                detail={"op": bump.op, "saved": saved},
+                detail={"op": bump.op, "saved": saved, "fix": out_of_place(bump.site, bump.op)},
             )
         )
-    facts += [_optimizer_step(graph, line, bumps, cause) for line, bumps in steps.items()]
+    facts += [
+        _optimizer_step(graph, line, bumps, cause)
+        for line, bumps in steps.items()
+        if cause is not None or _backpropagated_after(trace, graph, bumps)
+    ]
     return facts
+
+
+def _backpropagated_after(trace: Trace, graph: RecordIndex, bumps: list[VersionBump]) -> bool:
+    """Whether a backward after the step walked a node whose saved tensors the step changed:
+    only then does the stale graph matter (no one backpropagates through it otherwise)."""
+    hit = [b for b in map(graph.buffer, (i for x in bumps for i in x.hit_buffers)) if b]
+    owners = {b.node_id for b in hit}
+    seq = bumps[0].seq
+    return any(c.seq > seq and owners & set(c.reached) for c in trace.backward_calls)
 
 
 def _optimizer_step(
@@ -110,13 +125,16 @@ def shared_write(trace: Trace, graph: RecordIndex) -> list[Fact]:
 
 def data_bypass(trace: Trace, graph: RecordIndex) -> list[Fact]:
     """Writes through `.data` or NumPy to memory autograd saved, invisible to its version check."""
-    facts = []
+    facts, seen = [], set()
     for bump in trace.version_bumps:
         if not (bump.bypass and bump.hit_buffers):
             continue
-        saved, buffer_ids = saved_by(graph, [bump])
         numpy = bump.op == "numpy write"
         written = bump.label if numpy or "#" not in bump.label else f"{bump.bypassed}.data"
+        if (cell_line(bump.site), written) in seen:  # one buffer rewritten in a loop: one fact
+            continue
+        seen.add((cell_line(bump.site), written))
+        saved, buffer_ids = saved_by(graph, [bump])
         facts.append(
             Fact(
                 "data-bypass",
