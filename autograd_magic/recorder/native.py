@@ -1,0 +1,31 @@
+"""Whether the compiled per-event helpers (`autograd_magic._native`) are in use, and why not.
+
+The extension is optional: a build without a compiler, an unusual platform, or
+`AUTOGRAD_MAGIC_PURE_PYTHON=1` in the environment leaves the pure-Python recorder, which records
+the same `Trace` (tests/test_native.py runs the differential suite both ways). Nothing here warns
+at import: the build said so once when it fell back (setup.py), and `STATUS` says it since.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+from autograd_magic.recorder.caller import STAND_IN_NAME
+
+PURE_PYTHON_ENV = "AUTOGRAD_MAGIC_PURE_PYTHON"
+
+
+def _load() -> tuple[ModuleType | None, str]:
+    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+        return None, f"pure Python ({PURE_PYTHON_ENV} is set)"
+    try:
+        from autograd_magic import _native
+    except ImportError as error:
+        return None, f"pure Python (the compiled recorder was not built or does not load: {error})"
+    if _native.STAND_IN_NAME != STAND_IN_NAME:  # a stale build from another version
+        return None, "pure Python (the compiled recorder is stale: reinstall autograd_magic)"
+    return _native, "compiled (autograd_magic._native)"
+
+
+NATIVE, STATUS = _load()
