@@ -8,6 +8,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import autograd_magic
+from autograd_magic.recorder import native
 from benchmarks.results import RATIO_TARGETS, Row, verdict
 from benchmarks.timing import interleave, ratios
 from benchmarks.workloads import Workload
@@ -42,6 +43,15 @@ def variants(workload: Workload, steps: int) -> dict[str, Callable[[], None]]:
             with _profiler(workload.device):
                 step()
 
+    def tracked_pure() -> None:
+        # A/B of the compiled recorder: the same blocks with the pure-Python fallback (as
+        # AUTOGRAD_MAGIC_PURE_PYTHON=1 gives), in the same rounds.
+        compiled, native.NATIVE = native.NATIVE, None
+        try:
+            tracked()
+        finally:
+            native.NATIVE = compiled
+
     def tracked_loop() -> None:
         with autograd_magic.track():
             for _ in range(steps):
@@ -67,6 +77,7 @@ def variants(workload: Workload, steps: int) -> dict[str, Callable[[], None]]:
         "untracked": untracked,
         "tracked": tracked,
         "profiler": profiled,
+        "tracked_pure": tracked_pure,
         "tracked_loop": tracked_loop,
         "mechanism": mechanism,
         "mode_only": mode_only,
@@ -77,6 +88,17 @@ def variants(workload: Workload, steps: int) -> dict[str, Callable[[], None]]:
 class _EmptyMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         return func(*args, **(kwargs or {}))
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def _events_per_step(workload: Workload) -> int:
+    """Events one tracked step records (each takes a sequence number in the trace)."""
+    with autograd_magic.track() as trace:
+        workload.step()
+    return trace.seq
 
 
 def _keep(value: object) -> object:
@@ -91,6 +113,11 @@ def measure(workload: Workload, rounds: int, warmup: int, steps: int = 1) -> Row
     floor = found["mechanism"]
     base_ms = sorted(times["untracked"])[len(times["untracked"]) // 2] * 1e3 / steps
     limit = RATIO_TARGETS[workload.key]
+    events = _events_per_step(workload)
+    extra_us = {
+        name: (_median(times[name]) - _median(times["untracked"])) * 1e6 / steps / max(events, 1)
+        for name in ("tracked", "tracked_pure")
+    }
     return Row(
         key=workload.key,
         workload=workload.title,
@@ -109,6 +136,10 @@ def measure(workload: Workload, rounds: int, warmup: int, steps: int = 1) -> Row
             f"block, no bookkeeping): {floor.describe()}; the empty mode alone "
             f"{found['mode_only'].describe()}; the no-op hooks alone "
             f"{found['hooks_only'].describe()}",
+            f"recorder {native.STATUS}; the pure-Python recorder in the same rounds: "
+            f"{found['tracked_pure'].describe()}; {events:,} recorded events per step, host time "
+            f"added per event {extra_us['tracked']:.2f} us compiled, "
+            f"{extra_us['tracked_pure']:.2f} us pure Python",
         ],
         ratio=ours.median,
         peer_ratio=peer.median,

@@ -1,7 +1,8 @@
 """Line attribution: the innermost frame outside torch, autograd_magic and the standard library.
 
 One short walk up the stack per recorded event; results are interned so repeated lines cost a
-dict lookup. No frame object is kept (frames hold the user's locals).
+dict lookup. No frame object is kept (frames hold the user's locals). Where the compiled recorder
+is in use (`native`), `here` is its `SiteCache.here`: the same walk and keys, in C.
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ import os
 import sys
 import sysconfig
 from types import CodeType, FrameType, TracebackType
+from typing import Any
 
 import torch
 
 from autograd_magic.model.records import UNKNOWN_SITE, Site
+from autograd_magic.recorder import native
 from autograd_magic.recorder.caller import STAND_IN_NAME
 from autograd_magic.recorder.frames import PACKAGE_DIR
 
@@ -55,7 +58,7 @@ class SiteFinder:
     """Finds and interns the user's source position for the event being recorded."""
 
     def __init__(self, home_code: CodeType | None = None) -> None:
-        self.home_code = home_code
+        self._home_code = home_code
         self._library = _LIBRARY_FILES
         self._interned: dict[tuple[str, str, int, int | None], Site] = {}
         # id(code) -> (code, {position key: site}). An instruction offset maps to exactly one
@@ -63,6 +66,26 @@ class SiteFinder:
         # home code) gives the site without decoding line tables. The entry keeps the code
         # object (never user data), so its id cannot be reused while cached.
         self._by_code: dict[int, tuple[CodeType, dict[int, Site]]] = {}
+        self._native: Any = None
+        compiled = native.NATIVE
+        # A subclass that overrides `here` (a test's uncached finder) keeps its own.
+        if compiled is not None and type(self).here is SiteFinder.here:
+            self._native = compiled.SiteCache(
+                home_code, _LIBRARY_FILES, is_library_file, self._interned, Site, UNKNOWN_SITE
+            )
+            # An instance attribute: `sites.here(2)` calls the C method with no Python frame.
+            self.here = self._native.here  # type: ignore[method-assign]
+
+    @property
+    def home_code(self) -> CodeType | None:
+        """The traced code: its frame's line is each site's `outer_line`."""
+        return self._home_code
+
+    @home_code.setter
+    def home_code(self, code: CodeType | None) -> None:
+        self._home_code = code
+        if self._native is not None:
+            self._native.home_code = code
 
     def here(self, skip: int = 1) -> Site:
         """The site of the calling event, looked up `skip` frames above this call."""
@@ -81,7 +104,7 @@ class SiteFinder:
         if frame is None:
             return UNKNOWN_SITE
         code = frame.f_code
-        home = self.home_code
+        home = self._home_code
         outer = None
         # A script run with exec/%run inside the block is traced code too: its own lines count.
         if code is home or code.co_name == "<module>":

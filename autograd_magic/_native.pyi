@@ -1,0 +1,22 @@
+"""Types of the compiled per-event helpers (autograd_magic/_native.c)."""
+
+from types import CodeType
+
+from autograd_magic.model.records import Site
+
+STAND_IN_NAME: str
+
+class SiteCache:
+    home_code: CodeType | None
+    def __init__(
+        self,
+        home_code: CodeType | None,
+        library: dict[str, bool],
+        is_library: object,
+        interned: dict[tuple[str, str, int, int | None], Site],
+        site_type: type[Site],
+        unknown: Site,
+    ) -> None: ...
+    def here(self, skip: int = 1) -> Site: ...
+    def clear(self) -> None: ...
+    def size(self) -> int: ...

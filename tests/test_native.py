@@ -1,0 +1,102 @@
+"""The compiled recorder (autograd_magic._native) records exactly what the pure-Python one does.
+
+Every differential scenario runs tracked twice, with the extension and with the pure-Python
+fallback (`native.NATIVE` set aside, as `AUTOGRAD_MAGIC_PURE_PYTHON=1` does at import): the user
+sees the same results, errors and freeing order, and the traces' JSON is identical. CI builds the
+extension (`pip install -e .`), so there a missing build fails instead of skipping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from scenarios import assert_same, run_tracked
+from test_differential import SCENARIOS
+
+import autograd_magic as am
+from autograd_magic.recorder import native
+
+# PyTorch's anomaly mode warns in both runs of the scenario that enables it.
+pytestmark = pytest.mark.filterwarnings("ignore:Error detected in:UserWarning")
+
+COMPILED = native.NATIVE
+needs_native = pytest.mark.skipif(
+    COMPILED is None and not os.environ.get("CI"), reason=f"recorder: {native.STATUS}"
+)
+
+
+def _json(trace: am.Trace | None) -> dict:
+    assert trace is not None
+    document = json.loads(trace.to_json())
+    for buffer in document["buffers"]:
+        buffer["storage_key"] = 0  # a memory address: differs between runs
+    return document
+
+
+def test_ci_builds_the_compiled_recorder():
+    """GIVEN CI's install (`pip install -e .`) WHEN the package loads THEN the extension is used
+    (outside CI, a machine without a compiler is allowed the fallback)."""
+    if os.environ.get("CI") and not os.environ.get(native.PURE_PYTHON_ENV):
+        assert COMPILED is not None, native.STATUS
+
+
+@needs_native
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda f: f.__name__)
+def test_compiled_and_pure_python_recorders_give_the_same_trace(scenario, gc_disabled, monkeypatch):
+    """GIVEN a differential scenario WHEN tracked with the compiled recorder and with the
+    pure-Python one THEN the user sees the same run and the traces' JSON is identical."""
+    assert COMPILED is not None, native.STATUS
+    run_tracked(scenario)  # warm-up: first calls into torch build caches
+    compiled = run_tracked(scenario)
+    monkeypatch.setattr(native, "NATIVE", None)
+    pure = run_tracked(scenario)
+
+    assert pure.error == compiled.error
+    assert pure.log == compiled.log
+    assert_same(compiled.results, pure.results)
+    assert pure.alive_after == compiled.alive_after == []
+    assert _json(pure.trace) == _json(compiled.trace)
+
+
+_SCRIPT = """
+import json, torch
+import autograd_magic as am
+from autograd_magic.recorder import native
+def helper(x):
+    return (x * 2).sin()
+x = torch.randn(4, requires_grad=True)
+with am.track() as trace:
+    for _ in range(3):
+        y = helper(x).tanh()
+    y.sum().backward()
+doc = json.loads(trace.to_json())
+for b in doc["buffers"]:
+    b["storage_key"] = 0
+print(json.dumps({"status": native.STATUS, "trace": doc}))
+"""
+
+
+@needs_native
+def test_the_environment_variable_forces_the_pure_python_recorder(tmp_path):
+    """GIVEN the same script WHEN run with AUTOGRAD_MAGIC_PURE_PYTHON=1 and without
+    THEN the first runs pure Python, the second the extension, and both traces are identical."""
+    script = tmp_path / "script.py"
+    script.write_text(_SCRIPT)
+
+    def run(pure: bool) -> dict:
+        env = {k: v for k, v in os.environ.items() if k != native.PURE_PYTHON_ENV}
+        if pure:
+            env[native.PURE_PYTHON_ENV] = "1"
+        out = subprocess.run(
+            [sys.executable, str(script)], env=env, capture_output=True, text=True, check=True
+        )
+        return json.loads(out.stdout)
+
+    pure, compiled = run(pure=True), run(pure=False)
+    assert pure["status"].startswith("pure Python")
+    assert compiled["status"].startswith("compiled")
+    assert pure["trace"] == compiled["trace"]
