@@ -457,6 +457,21 @@ def test_inference_without_no_grad_reports_unused_graph(model):
     assert finding.nbytes > 0
 
 
+def test_unused_graphs_say_which_graph_each_variable_holds(model):
+    """GIVEN 3 forwards whose first output is kept in `first` and last in `out` WHEN reported
+    THEN the finding says `out` holds the last and `first` the first (it said 'the last' of any
+    holder), and counts 3 graphs for 3 calls."""
+    with am.track() as trace:
+        for i in range(3):
+            out = model(torch.randn(4, 8))  # L:WHICH
+            if i == 0:
+                first = out
+    finding = only(trace, "unused-graph")
+    assert "built 3 autograd graphs" in finding.message
+    assert finding.message.endswith("`out` still holds the last, `first` the first.")
+    del first
+
+
 def test_seed_per_sample_forward_graphs_freed_when_out_is_rebound(model):
     """Seed 000: forward every sample, backprop only some; when are the others freed?"""
     data, target = torch.randn(8, 8), torch.randn(8)

@@ -175,9 +175,25 @@ def _leftover(f: Fact) -> str:
 
 
 def _held(f: Fact) -> str:
+    """' `first` still holds the first, `p` the last.': who holds which of the graphs."""
     if not f.detail["held"]:
         return ""
-    return f" `{f.holder}` still holds {'the last' if f.detail['graphs'] > 1 else 'it'}."
+    graphs = f.detail["graphs"]
+    holds = f.detail.get("holds") or {f.holder: [graphs - 1]}
+    said = [f"`{path}` {_which(ranks, graphs)}" for path, ranks in list(holds.items())[:3]]
+    return (
+        " " + said[0].replace("` ", "` still holds ", 1) + "".join(f", {s}" for s in said[1:]) + "."
+    )
+
+
+def _which(ranks: list[int], graphs: int) -> str:
+    """Which of `graphs` graphs (by building order) `ranks` are, in words."""
+    if graphs == 1:
+        return "it"
+    if len(ranks) > 1:
+        return "all of them" if len(ranks) == graphs else f"{len(ranks):,} of them"
+    rank = ranks[0]
+    return "the last" if rank == graphs - 1 else "the first" if rank == 0 else f"graph {rank + 1:,}"
 
 
 def _no_backward(f: Fact) -> str:

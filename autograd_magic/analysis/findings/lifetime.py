@@ -251,6 +251,21 @@ def _leftover(
     )
 
 
+def _which_graphs(trace: Trace, graph: RecordIndex, parts: list[set[int]]) -> dict[str, list[int]]:
+    """Each holder's graphs among `parts`, by position in building order (0: the first built)."""
+    first_seq = [min(graph.nodes[i].born_seq for i in part if i in graph.nodes) for part in parts]
+    position = {}
+    for rank, k in enumerate(sorted(range(len(parts)), key=first_seq.__getitem__)):
+        position.update(dict.fromkeys(parts[k], rank))
+    holds: dict[str, list[int]] = {}
+    for h in trace.holders:
+        if h.node_id in position:
+            ranks = holds.setdefault(holder_group(h.path), [])
+            if position[h.node_id] not in ranks:
+                ranks.append(position[h.node_id])
+    return {path: sorted(ranks) for path, ranks in holds.items()}
+
+
 def _unused(trace: Trace, graph: RecordIndex, line: int, parts: list[set[int]], peak: int) -> Fact:
     ids = set().union(*parts)
     nodes = [graph.nodes[i] for i in sorted(ids)]
@@ -264,6 +279,7 @@ def _unused(trace: Trace, graph: RecordIndex, line: int, parts: list[set[int]], 
     detail: dict[str, Any] = {
         "graphs": len(parts),
         "held": bool(holder) and any(graph.nodes[i].alive for i in ids if i in graph.nodes),
+        "holds": _which_graphs(trace, graph, parts),
     }
     if not trace.backward_calls:
         return Fact(
