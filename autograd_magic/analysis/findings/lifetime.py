@@ -274,7 +274,9 @@ def _unused(trace: Trace, graph: RecordIndex, line: int, parts: list[set[int]], 
     held = [h.path for h in trace.holders if h.node_id in ids]
     own = [h.path for h in trace.holders if h.node_id in {n.id for n in at_line}]
     # An attribute or a container (`crit.loss` set in a forward) is the holder a user would miss.
-    path = next((p for p in held if "." in p or "[" in p), (own or held or [None])[0])
+    candidates = own or held
+    fallback = candidates[0] if candidates else None
+    path = next((p for p in held if "." in p or "[" in p), fallback)
     holder = None if path is None else holder_group(path)
     detail: dict[str, Any] = {
         "graphs": len(parts),

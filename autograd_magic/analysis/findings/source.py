@@ -116,9 +116,9 @@ def attribute_store_site(trace: Trace, path: str, computed: int) -> Site | None:
     hits = [n for n, text in enumerate(lines, 1) if store.search(text.split("#", 1)[0])]
     call = re.compile(rf"(?<![\w.]){re.escape(obj)}\.(\w+)\(")
     calls = [
-        (n, found.group(1))
+        (n, match.group(1))
         for n in range(computed, last + 10)
-        if (found := call.search(linecache.getline(file, n)))
+        if (match := call.search(linecache.getline(file, n)))
     ]
     if len(hits) != 1 or not calls:
         return None
