@@ -128,6 +128,20 @@ def test_live_panel_listens_while_recording_and_close_stops_it():
     assert panel.widget.comm is None
 
 
+def test_live_storage_groups_hide_dead_temporaries_as_the_finished_panel_does():
+    """GIVEN a loop detaching a temporary per step (both die at once) WHEN the live view reads
+    the trace THEN it counts the storage groups the finished trace counts (it showed every dead
+    pair: 71 groups live for 0 at the end)."""
+    seen = []
+    recorder = autograd_magic.track(namespace={})
+    with recorder as trace:
+        recorder.listen(lambda t: seen.append(len(t.storage_groups())), interval_s=0.0)
+        for _ in range(20):
+            torch.randn(3).exp().detach()
+    assert seen and max(seen) <= 1
+    assert len(trace.storage_groups()) == 0
+
+
 def test_panel_keeps_no_user_tensor_alive():
     namespace: dict = {}
     with autograd_magic.track(namespace=namespace) as trace:
