@@ -9,7 +9,13 @@ import torch
 from traces import handmade_trace, site
 
 import autograd_magic
-from autograd_magic.model.records import BackwardCall, Finding, VersionBump
+from autograd_magic.model.records import (
+    BackwardCall,
+    Finding,
+    NodeRecord,
+    TimelineSample,
+    VersionBump,
+)
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import format_bytes
 from autograd_magic.views.text import (
@@ -291,3 +297,36 @@ def test_a_caught_backward_error_keeps_its_text_in_the_calls():
     )
     # THEN its text is given where the call is listed: nowhere else has it
     assert backward_sentences(trace)[-1].text == "Line 7: backward() failed with E: boom"
+
+
+def _running_loop(grow: int) -> Trace:
+    """Hand-made records of a running 20-step loop: step k builds a 3-node graph rooted at
+    node 3k (line 4) and backpropagates it at seq 10k + 5; `grow` nodes per step stay alive."""
+    trace = Trace()
+    for k in range(1, 21):
+        root = 3 * k
+        trace.nodes.append(NodeRecord(root, "MeanBackward0", 10 * k, site(4)))
+        trace.backward_calls.append(
+            BackwardCall(
+                "backward", 10 * k + 1, site(5), False, False, 10 * k + 5, root_ids=(root,)
+            )
+        )
+        trace.timeline.append(TimelineSample(10 * k + 5, 3 + grow * k, 0, "backward", 5))
+    return trace
+
+
+def test_a_running_loop_whose_live_nodes_grow_every_step_gets_a_provisional_finding():
+    # GIVEN hand-made records of a loop still running whose steps each leave 3 nodes alive
+    # WHEN it is worded (issue 22, class 7)
+    (found,) = [s for s in sentences(_running_loop(grow=3)) if s.kind == "finding"]
+    # THEN the growth per step, the line building what stays, and that it is provisional
+    assert found.text.startswith("So far, live autograd nodes grow by 3 per step (63 alive")
+    assert "the graph built at line 4 stays alive after its backward" in found.text
+    assert found.line == 4
+
+
+def test_a_running_loop_with_steady_live_nodes_or_a_finished_one_has_no_provisional_finding():
+    assert [s for s in sentences(_running_loop(grow=0)) if s.kind == "finding"] == []
+    finished = _running_loop(grow=3)
+    finished.finished = True  # the real findings replace the provisional one
+    assert not any("So far" in s.text for s in sentences(finished))

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from autograd_magic.analysis.layout import GraphView, graph_view
+from autograd_magic.analysis.live import NodeGrowth, built_line, node_growth
 from autograd_magic.model.records import BackwardCall, Finding, NodeRecord, SavedBuffer
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import format_bytes, where
@@ -25,6 +26,7 @@ from autograd_magic.views.tables import (
     table_text,
 )
 from autograd_magic.views.versions import label_pattern, versions_table
+from autograd_magic.views.wording import quoted_source
 
 
 def summary_items(trace: Trace) -> list[tuple[str, str]]:
@@ -62,6 +64,8 @@ def sentences(trace: Trace) -> list[Sentence]:
         )
     for finding in trace.findings:
         out.append(Sentence(_with_lines(finding.message, finding), finding.line, "finding"))
+    if not trace.finished and (growth := node_growth(trace)) is not None:
+        out.append(_growth_sentence(growth, _block_word(trace)))
     for spot in trace.blindspots:
         out.append(Sentence(spot.message, spot.line, "blindspot"))
     if trace.dropped_nodes or trace.dropped_buffers or trace.dropped_events:
@@ -89,6 +93,23 @@ def sentences(trace: Trace) -> list[Sentence]:
             )
         )
     return out
+
+
+def _growth_sentence(growth: NodeGrowth, block: str) -> Sentence:
+    """The provisional finding of a running trace whose live nodes grow at every step."""
+    per_step = f"{growth.per_step:,.0f}" if growth.per_step >= 10 else f"{growth.per_step:.3g}"
+    text = (
+        f"So far, live autograd nodes grow by {per_step} per step ({growth.alive:,} alive after "
+        f"{growth.steps:,} backward calls)"
+    )
+    line = built_line(growth)
+    if growth.built is not None:
+        text += (
+            f": the graph built at line {line}{quoted_source(growth.built)} stays alive after "
+            "its backward, so something still holds it"
+        )
+    text += f". What holds it is named when the {block} ends."
+    return Sentence(text, line, "finding")
 
 
 def _with_lines(text: str, finding: Finding) -> str:
