@@ -3,6 +3,8 @@ silent on the correct version of the same code."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -345,6 +347,22 @@ def test_inplace_relu_on_a_saved_output_is_reported_before_backward_fails():
     assert finding.line == line_of("WRITE")
     assert line_of("SAVES") in finding.related_lines
     assert "SigmoidBackward0" in finding.message and "`y`" in finding.message
+
+
+def test_an_inplace_write_whose_backward_failed_says_so_without_repeating_the_error():
+    # GIVEN a write to a saved tensor, then the backward it breaks (issue 22, class 6)
+    x = torch.randn(10, requires_grad=True)
+    with am.track() as trace:
+        y = torch.sigmoid(x * 2)
+        y.mul_(2)  # L:WRITE2
+        with contextlib.suppress(RuntimeError):
+            y.sum().backward()  # L:FAILS
+    finding = only(trace, "inplace-on-saved")
+    # THEN the finding says the write is why that backward failed, in the past tense, and
+    # leaves PyTorch's text to the error and the backward call that report it
+    assert f"why the backward at line {line_of('FAILS')} failed" in finding.message
+    assert "will fail" not in finding.message
+    assert "modified by an inplace operation" not in finding.message
 
 
 def test_out_of_place_relu_is_clean():

@@ -13,6 +13,7 @@ from matplotlib.lines import Line2D
 from torch import nn
 
 import autograd_magic
+from autograd_magic.analysis.live import WINDOW
 from autograd_magic.views import figures, series
 from autograd_magic.views.panel import NUMBERS_SHARE, TracePanel
 from autograd_magic.views.text import render_text
@@ -141,3 +142,63 @@ def test_live_timeline_is_a_fast_sparkline_with_its_scales_in_words(mlp_loop):
     assert "0 B to 1.0 KiB peak) over 1,000 steps (backward calls) so far" in note
     # AND the finished panel shows the full figure with no live note
     assert TracePanel(mlp_loop).timeline_note.value == ""
+
+
+# ----- findings while the cell runs (issue 22, class 7) -----------------------------------
+GROWING = "live autograd nodes grow by"
+
+
+def _live_findings(keep: bool) -> tuple[list[tuple[int, str]], TracePanel]:
+    """A 1,000-step loop under a live panel refreshed every 20 ms; (steps done, findings text)
+    at each live render. `keep`: the loop appends each loss to `history` (the leak)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(8, 16), torch.randn(8, 1)
+    history = []
+    seen: list[tuple[int, str]] = []
+    recorder = autograd_magic.track()
+    panel = TracePanel(recorder.trace)
+
+    def update(trace: autograd_magic.Trace) -> None:
+        before = panel.live_renders
+        panel.live_update(trace)
+        if panel.live_renders > before:
+            seen.append((len(trace.backward_calls), panel.findings.value))
+
+    recorder.listen(update, 0.02)
+    with recorder:
+        for _ in range(STEPS):
+            opt.zero_grad()
+            loss = ((model(x) - y) ** 2).mean()
+            loss.backward()
+            opt.step()
+            if keep:
+                history.append(loss)
+    return seen, panel
+
+
+def test_a_leaking_loop_shows_a_provisional_finding_within_a_few_refreshes():
+    # GIVEN a 1,000-step loop that keeps every loss (and its graph) in a list
+    seen, panel = _live_findings(keep=True)
+    # WHEN the panel refreshes while it runs
+    first = next(i for i, (_, text) in enumerate(seen) if GROWING in text)
+    # THEN the growth is said at the first refresh once WINDOW + 1 steps are done (then at
+    # every refresh), long before the loop ends
+    steps, text = seen[first]
+    assert steps <= WINDOW + 1 or seen[first - 1][0] <= WINDOW, [s for s, _ in seen[:20]]
+    assert steps < STEPS // 10
+    assert all(GROWING in later for _, later in seen[first:])
+    # AND it says how much per step, which line builds what stays, and that this is provisional
+    assert "live autograd nodes grow by 8 per step" in text, text
+    assert "built at line" in text
+    # AND the finished trace has the real finding instead
+    panel.finish()
+    assert GROWING not in panel.findings.value
+    assert "`history` holds 1,000 tensors" in panel.findings.value
+
+
+def test_a_clean_loop_shows_no_provisional_finding():
+    seen, _ = _live_findings(keep=False)
+    assert len(seen) >= 3
+    assert not [steps for steps, text in seen if GROWING in text]

@@ -192,9 +192,12 @@ def test_error_cell_keeps_the_panel_and_raises_once_into_the_cell(shell, panels)
     assert trace.error.startswith("RuntimeError: Trying to backward through the graph")
     assert trace.error_site.line == 4
     (panel,) = panels
-    assert "Stopped by an error (line 4)" in panel.status.value
+    assert "Stopped by RuntimeError at line 4" in panel.status.value
     assert "Line 4 raised RuntimeError" in panel.findings.value
     assert "ExpBackward0#" in panel.buffers.value  # recorded up to the error
+    # AND PyTorch's text is said once in the panel (issue 22, 6): the traceback has it too
+    said = [panel.status.value, panel.findings.value, panel.calls.value]
+    assert sum(v.count("Trying to backward through") for v in said) == 1, said
     (shown,) = captured.outputs
     assert "Line 4 raised RuntimeError" in shown.data["text/html"]
 
@@ -207,7 +210,7 @@ def test_keyboard_interrupt_behaves_like_an_error(shell, panels):
     assert isinstance(result.error_in_exec, KeyboardInterrupt)
     assert captured.stdout.count("KeyboardInterrupt") >= 1
     (panel,) = panels
-    assert "Stopped by an error (line 3): KeyboardInterrupt" in panel.status.value
+    assert "Stopped by KeyboardInterrupt at line 3" in panel.status.value
     assert autograd_magic.last_trace().nodes_created == 2
 
 
@@ -314,13 +317,13 @@ def test_live_panel_error_updates_the_same_display(shell, panels, widget_fronten
     result, captured = run(shell, "%%trackgraph --refresh 0.01\n" + FAILING)
     assert isinstance(result.error_in_exec, RuntimeError)
     (panel,) = panels
-    assert "Stopped by an error (line 4)" in panel.status.value
+    assert "Stopped by RuntimeError at line 4" in panel.status.value
     status_messages = [
         data["state"]["value"]
         for _, comm_id, kind, data in widget_frontend
         if kind == "comm_msg" and comm_id == panel.status.model_id
     ]
-    assert "Stopped by an error (line 4)" in status_messages[-1]
+    assert "Stopped by RuntimeError at line 4" in status_messages[-1]
     assert captured.stdout.count("Traceback (most recent call last)") == 1
 
 

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import torch
 from traces import handmade_trace, site
 
 import autograd_magic
-from autograd_magic.model.records import BackwardCall, VersionBump
+from autograd_magic.model.records import (
+    BackwardCall,
+    Finding,
+    NodeRecord,
+    TimelineSample,
+    VersionBump,
+)
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import format_bytes
 from autograd_magic.views.text import (
@@ -47,9 +54,7 @@ def test_sentences_put_the_error_first_then_findings_with_lines():
     assert [s.kind for s in found] == ["error", "finding", "blindspot", "note"]
     assert found[0].text.startswith("Line 7 raised RuntimeError: boom. Everything")
     assert found[0].line == 7
-    assert found[1].text == (
-        "Line 4: `loss` keeps the graph built at line 4 alive. (see also lines 2, 3)"
-    )
+    assert found[1].text == "`loss` keeps the graph built at line 4 alive. (see also lines 2, 3)"
     assert "3 autograd nodes were still alive, holding 4.0 KiB" in found[-1].text
 
 
@@ -235,3 +240,93 @@ def test_a_clean_cell_says_no_findings_and_nothing_about_an_empty_end_state():
         "(peak 12 B)."
     )
     del kept
+
+
+def test_a_sentence_names_each_line_once():
+    # GIVEN findings whose sentences already name their own and related lines (issue 22, 6)
+    trace = handmade_trace()
+    trace.findings = [
+        Finding("backward-through-freed", "`loss.backward()` at line 7 needs line 3.", 7, (3, 4)),
+        Finding("kept-alive", "`h` keeps lines 2, 3 and 5 alive.", 5, (2, 3)),
+        Finding("unused-graph", "A graph nobody used.", 9, (8,)),
+    ]
+    # WHEN the report is worded
+    texts = [s.text for s in sentences(trace) if s.kind == "finding"]
+    # THEN a line the sentence names is neither prefixed nor repeated in "see also"
+    assert texts == [
+        "`loss.backward()` at line 7 needs line 3. (see also line 4)",
+        "`h` keeps lines 2, 3 and 5 alive.",
+        "Line 9: A graph nobody used. (see also line 8)",
+    ]
+    # AND no sentence of the text report names the same line twice
+    for text in texts:
+        named = re.findall(r"\b[Ll]ines? (\d+)", text)
+        assert len(named) == len(set(named)), text
+
+
+def test_pytorchs_error_text_appears_once_in_the_report():
+    # GIVEN a cell stopped by a backward that failed with PyTorch's error (issue 22, 6)
+    trace = handmade_trace(error=True)
+    trace.error = "RuntimeError: Trying to backward through the graph a second time."
+    trace.backward_calls.append(
+        BackwardCall(
+            "backward",
+            9,
+            site(7),
+            False,
+            False,
+            None,
+            error="Trying to backward through the graph a second time.",
+            error_type="RuntimeError",
+        )
+    )
+    # WHEN the text report is rendered THEN the error's text appears once, in the findings
+    text = render_text(trace, tables=False)
+    assert text.count("Trying to backward through the graph a second time") == 1, text
+    assert "Line 7 raised RuntimeError: Trying to backward" in text
+    # AND the failed call says it failed, pointing at the error instead of repeating it
+    calls = [s.text for s in backward_sentences(trace)]
+    assert calls[-1] == "Line 7: backward() failed with the RuntimeError above."
+
+
+def test_a_caught_backward_error_keeps_its_text_in_the_calls():
+    # GIVEN a failed backward the code caught (the cell did not stop)
+    trace = handmade_trace()
+    trace.backward_calls.append(
+        BackwardCall("backward", 9, site(7), False, False, None, error="boom", error_type="E")
+    )
+    # THEN its text is given where the call is listed: nowhere else has it
+    assert backward_sentences(trace)[-1].text == "Line 7: backward() failed with E: boom"
+
+
+def _running_loop(grow: int) -> Trace:
+    """Hand-made records of a running 20-step loop: step k builds a 3-node graph rooted at
+    node 3k (line 4) and backpropagates it at seq 10k + 5; `grow` nodes per step stay alive."""
+    trace = Trace()
+    for k in range(1, 21):
+        root = 3 * k
+        trace.nodes.append(NodeRecord(root, "MeanBackward0", 10 * k, site(4)))
+        trace.backward_calls.append(
+            BackwardCall(
+                "backward", 10 * k + 1, site(5), False, False, 10 * k + 5, root_ids=(root,)
+            )
+        )
+        trace.timeline.append(TimelineSample(10 * k + 5, 3 + grow * k, 0, "backward", 5))
+    return trace
+
+
+def test_a_running_loop_whose_live_nodes_grow_every_step_gets_a_provisional_finding():
+    # GIVEN hand-made records of a loop still running whose steps each leave 3 nodes alive
+    # WHEN it is worded (issue 22, class 7)
+    (found,) = [s for s in sentences(_running_loop(grow=3)) if s.kind == "finding"]
+    # THEN the growth per step, the line building what stays, and that it is provisional
+    assert found.text.startswith("So far, live autograd nodes grow by 3 per step (63 alive")
+    assert "the graph built at line 4 stays alive after its backward" in found.text
+    assert found.line == 4
+
+
+def test_a_running_loop_with_steady_live_nodes_or_a_finished_one_has_no_provisional_finding():
+    assert [s for s in sentences(_running_loop(grow=0)) if s.kind == "finding"] == []
+    finished = _running_loop(grow=3)
+    finished.finished = True  # the real findings replace the provisional one
+    assert not any("So far" in s.text for s in sentences(finished))

@@ -53,8 +53,10 @@ def div(inner: str, style: str = "") -> str:
 
 def status_html(trace: Trace) -> str:
     if trace.error:
-        line = "" if trace.error_site is None else f" ({html.escape(trace.error_site.describe())})"
-        text = f"Stopped by an error{line}: {html.escape(trace.error)}"
+        # The findings give PyTorch's text (the traceback too): here only its type and line.
+        kind = trace.error.split(":", 1)[0]
+        at = "" if trace.error_site is None else f" at {html.escape(trace.error_site.describe())}"
+        text = f"Stopped by {html.escape(kind)}{at}"
         return div(f"<b>autograd_magic</b> &mdash; {text}", MARKS["error"])
     if trace.finished:
         return div("<b>autograd_magic</b> &mdash; finished", MARKS["note"])

@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from autograd_magic.analysis.layout import GraphView, graph_view
-from autograd_magic.model.records import BackwardCall, NodeRecord, SavedBuffer
+from autograd_magic.analysis.live import NodeGrowth, built_line, node_growth
+from autograd_magic.model.records import BackwardCall, Finding, NodeRecord, SavedBuffer
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import format_bytes, where
 from autograd_magic.views.graph_table import graph_table
@@ -25,6 +26,7 @@ from autograd_magic.views.tables import (
     table_text,
 )
 from autograd_magic.views.versions import label_pattern, versions_table
+from autograd_magic.views.wording import quoted_source
 
 
 def summary_items(trace: Trace) -> list[tuple[str, str]]:
@@ -61,12 +63,9 @@ def sentences(trace: Trace) -> list[Sentence]:
             )
         )
     for finding in trace.findings:
-        text = finding.message
-        if finding.line is not None:
-            text = f"Line {finding.line}: {text}"
-        if finding.related_lines:
-            text += f" (see also {_lines(finding.related_lines)})"
-        out.append(Sentence(text, finding.line, "finding"))
+        out.append(Sentence(_with_lines(finding.message, finding), finding.line, "finding"))
+    if not trace.finished and (growth := node_growth(trace)) is not None:
+        out.append(_growth_sentence(growth, _block_word(trace)))
     for spot in trace.blindspots:
         out.append(Sentence(spot.message, spot.line, "blindspot"))
     if trace.dropped_nodes or trace.dropped_buffers or trace.dropped_events:
@@ -96,6 +95,44 @@ def sentences(trace: Trace) -> list[Sentence]:
     return out
 
 
+def _growth_sentence(growth: NodeGrowth, block: str) -> Sentence:
+    """The provisional finding of a running trace whose live nodes grow at every step."""
+    per_step = f"{growth.per_step:,.0f}" if growth.per_step >= 10 else f"{growth.per_step:.3g}"
+    text = (
+        f"So far, live autograd nodes grow by {per_step} per step ({growth.alive:,} alive after "
+        f"{growth.steps:,} backward calls)"
+    )
+    line = built_line(growth)
+    if growth.built is not None:
+        text += (
+            f": the graph built at line {line}{quoted_source(growth.built)} stays alive after "
+            "its backward, so something still holds it"
+        )
+    text += f". What holds it is named when the {block} ends."
+    return Sentence(text, line, "finding")
+
+
+def _with_lines(text: str, finding: Finding) -> str:
+    """`text` with its line in front and its related lines after, leaving out every line the
+    sentence already names: "Line 7: ... at line 7" would say it twice."""
+    named = named_lines(text)
+    if finding.line is not None and finding.line not in named:
+        text = f"Line {finding.line}: {text}"
+    related = set(finding.related_lines) - named - {finding.line}
+    if related:
+        text += f" (see also {_lines(related)})"
+    return text
+
+
+# "line 7", "lines 3, 4 and 5", "lines 3-5": the numbers a sentence names as lines.
+_LINE_MENTION = re.compile(r"\b[Ll]ines? (\d+(?:(?:, | and | or |-)\d+)*)")
+
+
+def named_lines(text: str) -> set[int]:
+    """The line numbers `text` names ("line 7", "lines 3, 4 and 5")."""
+    return {int(n) for m in _LINE_MENTION.finditer(text) for n in re.findall(r"\d+", m[1])}
+
+
 def _block_word(trace: Trace) -> str:
     """'cell' for a notebook or IPython cell, 'block' for a `with track():` in a script."""
     sites = [n.born_site for n in trace.nodes[:1]] + [b.saved_site for b in trace.buffers[:1]]
@@ -122,10 +159,12 @@ def backward_sentences(trace: Trace) -> list[Sentence]:
             call.error,
         )
         groups.setdefault(key, []).append(call)
-    return [_backward_sentence(calls) for calls in groups.values()]
+    return [_backward_sentence(calls, trace.error) for calls in groups.values()]
 
 
-def _backward_sentence(calls: list[BackwardCall]) -> Sentence:
+def _backward_sentence(calls: list[BackwardCall], stopped_by: str | None = None) -> Sentence:
+    """The sentence of one group of calls; a call that failed with the error that stopped the
+    block points at it, whose sentence gives PyTorch's text (said once)."""
     call = calls[0]
     flags = (("retain_graph", call.retain_graph), ("create_graph", call.create_graph))
     shown = ", ".join(f"{name}=True" for name, on in flags if on)
@@ -137,6 +176,9 @@ def _backward_sentence(calls: list[BackwardCall]) -> Sentence:
     )
     if call.error_type:
         every = "" if len(calls) == 1 else " each"
+        if stopped_by == f"{call.error_type}: {call.error}":
+            text = f"{head} failed{every} with the {call.error_type} above."
+            return Sentence(text, line, "error")
         return Sentence(f"{head} failed{every} with {call.error_type}: {call.error}", line, "error")
     counts = sorted({c.released_buffers for c in calls})
     sizes = sorted({c.released_bytes for c in calls})

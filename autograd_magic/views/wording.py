@@ -352,10 +352,16 @@ def _inplace(f: Fact) -> str:
         else "Use the out-of-place form of the operation (inplace=False for a layer), or "
         "`.clone()` the tensor before writing to it."
     )
+    failed = f.detail.get("failed")
+    # When the backward already failed, its error says PyTorch's text: say why, not it again.
+    then = (
+        f"that is why the backward at line {failed} failed"
+        if failed is not None
+        else f"a backward through that graph will fail with {INPLACE_ERROR}"
+    )
     return (
         f"In-place `{f.detail['op']}` on `{f.holder}` at {at_line(f.line, f.reference)} changed "
-        f"a tensor that {_saved(f.detail['saved'])}; a backward through that graph will fail "
-        f"with {INPLACE_ERROR}. {advice}"
+        f"a tensor that {_saved(f.detail['saved'])}; {then}. {advice}"
     )
 
 

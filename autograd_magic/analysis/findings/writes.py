@@ -50,7 +50,12 @@ def inplace_on_saved(trace: Trace, graph: RecordIndex, cause: Fact | None) -> li
                 0,
                 reference=bump.site,
                 buffer_ids=buffer_ids,
-                detail={"op": bump.op, "saved": saved, "fix": out_of_place(bump.site, bump.op)},
+                detail={
+                    "op": bump.op,
+                    "saved": saved,
+                    "fix": out_of_place(bump.site, bump.op),
+                    "failed": _failed_after(trace, bump),
+                },
             )
         )
     facts += [
@@ -59,6 +64,18 @@ def inplace_on_saved(trace: Trace, graph: RecordIndex, cause: Fact | None) -> li
         if cause is not None or _backpropagated_after(trace, graph, bumps)
     ]
     return facts
+
+
+INPLACE_FAILURE = "modified by an inplace operation"  # PyTorch's error for it
+
+
+def _failed_after(trace: Trace, bump: VersionBump) -> int | None:
+    """The cell line of the first later backward that failed with PyTorch's in-place error,
+    when one did: the write is why (its sentence then need not quote the error again)."""
+    for call in trace.backward_calls:
+        if call.seq > bump.seq and call.error is not None and INPLACE_FAILURE in call.error:
+            return cell_line(call.site)
+    return None
 
 
 def _backpropagated_after(trace: Trace, graph: RecordIndex, bumps: list[VersionBump]) -> bool:
