@@ -310,9 +310,10 @@ def test_backward_twice_explains_the_error_and_what_retain_graph_keeps(run_noteb
     assert run.line("twice", "d.backward()") in freed["related"]
     assert run.line("twice", "exp()") in freed["related"]
     assert "backward through the graph a second time" in run.traces["twice"]["error"]
-    # AND retain_graph=True on both calls keeps exp's saved output, reported with its bytes
+    # AND once `c` is deleted, the last retain_graph=True keeps exp's saved output, reported with
+    # its bytes (the first one was needed: the second backward walks the same graph)
     kept = [f for f in run.traces["retained"]["findings"] if f["kind"] == "retained-graph"]
-    assert {f["holder"] for f in kept} == {"d", "e"}
+    assert {f["holder"] for f in kept} == {"e"}
     assert all(f["nbytes"] == 256 * 256 * 4 for f in kept)
     assert run.panel("retained")["Retained saved tensors"] == "256.0 KiB now / 256.0 KiB peak"
     # AND one backward over the sum is clean and ends holding nothing
@@ -425,8 +426,8 @@ def test_total_loss_list_and_attribute_each_keep_graphs_and_item_is_clean(run_no
     assert attribute["holder"] == "criterion.loss"
     assert attribute["line"] == run.line("self_loss", "criterion(model(data[64:])")
     assert "self.loss = F.mse_loss(out, target)" in attribute["message"]
-    unused = run.only("self_loss", "unused-graph")
-    assert "`criterion.loss` still holds the last" in unused["message"]
+    # (one finding: the attribute's graph is the validation pass's, which no backward used)
+    assert run.kinds("self_loss") == ["kept-alive"]
     # AND keeping numbers is clean
     assert run.kinds("fixed") == []
     assert_committed_outputs_match(run)
@@ -441,7 +442,8 @@ def test_real_models_name_the_layers_that_save_and_the_list_that_holds(run_noteb
     layers = [modules[f"model.encoder.layers.{i}"]["saved"] for i in range(4)]
     assert len(set(layers)) == 1 and layers[0] > 0
     attention = modules["model.encoder.layers.0.self_attn"]["saved"]
-    assert attention > layers[0] / 2
+    children = [m["saved"] for path, m in modules.items() if path.count(".") == 4]
+    assert attention == max(children) > 0
     assert run.kinds("train_step") == []
     assert run.panel("train_step")["Most saved memory"].startswith(
         "model.encoder.layers.*.self_attn"
@@ -454,9 +456,9 @@ def test_real_models_name_the_layers_that_save_and_the_list_that_holds(run_noteb
     held = {m["path"]: m["peak"] for m in run.traces["kept"]["modules"]}
     assert held["net"] == run.traces["kept"]["snapshot"]["retained_bytes"] > 1_000_000
     assert run.panel("kept")["Backward calls"] == "1,000"
-    # AND the optimizer's writes to weights those graphs saved name the layer, after the cause
-    writes = run.only("kept", "inplace-on-saved")
-    assert "AddmmBackward0 (in `net.2`) saved for backward" in writes["message"]
+    # AND that is the one finding: the optimizer's writes to weights those graphs saved break no
+    # backward, since nobody backpropagates through them
+    assert run.kinds("kept") == ["kept-alive"]
     # AND validating under no_grad is clean
     assert run.kinds("fixed") == []
     assert run.traces["fixed"]["snapshot"]["retained_bytes"] == 0

@@ -3,6 +3,8 @@ and one headline naming the repeated structure that holds most of it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from autograd_magic.model.records import ModuleStats
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import format_bytes, layer_pattern
@@ -34,6 +36,11 @@ def top_modules(trace: Trace, count: int = 3) -> list[tuple[str, float]]:
     for m in stats:
         if m.self_saved_bytes:
             groups.setdefault((pattern_of(m.path), m.type), []).append(m)
+    mixed = _mixed_containers(trace.module_types)
+    for key, members in list(groups.items()):
+        if len(members) > 1 and any(_in_mixed(m.path, mixed) for m in members):
+            del groups[key]  # a Sequential's two Linear layers are not one repeated structure
+            groups.update({(m.path, m.type): [m] for m in members})
     parents = {m.path.rpartition(".")[0] for m in stats}
     by_pattern: dict[str, int] = {}
     for (pattern, _), members in groups.items():
@@ -45,6 +52,23 @@ def top_modules(trace: Trace, count: int = 3) -> list[tuple[str, float]]:
     ranked = sorted(by_pattern.items(), key=lambda kv: (-kv[1], kv[0]))[:count]
     # Shares that round to 0% say nothing.
     return [(path, n / total) for path, n in ranked if n / total >= 0.005]
+
+
+def _mixed_containers(types: Mapping[str, str]) -> set[str]:
+    """Containers whose numbered children are of different classes (`Sequential(Linear, ReLU,
+    Linear)`), as opposed to a list of one layer repeated."""
+    kinds: dict[str, set[str]] = {}
+    for path, kind in types.items():
+        parent, _, last = path.rpartition(".")
+        if last.isdigit():
+            kinds.setdefault(parent, set()).add(kind)
+    return {parent for parent, found in kinds.items() if len(found) > 1}
+
+
+def _in_mixed(path: str, mixed: set[str]) -> bool:
+    """True when an index in `path` is the index of a mixed container's child."""
+    parts = path.split(".")
+    return any(part.isdigit() and ".".join(parts[:i]) in mixed for i, part in enumerate(parts))
 
 
 def top_modules_text(trace: Trace) -> str:

@@ -185,6 +185,12 @@ def _backward_sentence(calls: list[BackwardCall], stopped_by: str | None = None)
     each = "" if len(calls) == 1 else ", each"
     if counts == [0] and sizes == [0]:
         text = f"{head}{each} released no saved tensors"
+    elif sizes == [0]:  # what they saved is held by parameters, variables, other tensors
+        released = _tensors(call.released_buffers) if len(calls) == 1 else _span(counts, str)
+        text = (
+            f"{head}{each} released {released}{'' if len(calls) == 1 else ' saved tensors'}, "
+            "freeing no memory: something besides the graph still holds theirs"
+        )
     elif len(calls) == 1:
         text = (
             f"{head} released {_tensors(call.released_buffers)}, freeing "
@@ -347,8 +353,9 @@ def buffer_totals(trace: Trace) -> Table:
         for (state, kind), (count, nbytes) in sorted(totals.items())
     )
     note = (
-        "Sizes add tensor by tensor; 'retained' in the summary counts each shared storage once "
-        "and leaves out leaves and parameters, which the user owns anyway."
+        "Sizes add tensor by tensor; 'retained' in the summary counts each shared storage once, "
+        "and only activations: memory that something besides the graph also holds (the other "
+        "kinds) is not freed with the graph."
     )
     return Table("Totals by state", ("state", "kind", "tensors", "bytes"), rows, note)
 
