@@ -192,6 +192,8 @@ def test_a_leaking_loop_shows_a_provisional_finding_within_a_few_refreshes():
     # AND it says how much per step, which line builds what stays, and that this is provisional
     assert "live autograd nodes grow by 8 per step" in text, text
     assert "built at line" in text
+    # AND, by the refresh after, what holds them (found in a walk of a few milliseconds)
+    assert "`history` holds them." in seen[first + 1][1]
     # AND the finished trace has the real finding instead
     panel.finish()
     assert GROWING not in panel.findings.value

@@ -12,6 +12,7 @@ import bisect
 import itertools
 from dataclasses import dataclass
 
+from autograd_magic.analysis.findings.lifetime import holder_group
 from autograd_magic.model.records import Site
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import cell_line
@@ -30,6 +31,7 @@ class NodeGrowth:
     alive: int
     steps: int
     built: Site | None
+    holder: str | None = None  # a container or attribute holding the steps' roots, as now
 
 
 def node_growth(trace: Trace, window: int = WINDOW) -> NodeGrowth | None:
@@ -53,7 +55,18 @@ def node_growth(trace: Trace, window: int = WINDOW) -> NodeGrowth | None:
     last_root = _alive_root(trace, -1)
     built = last_root if first_root is not None and last_root is not None else None
     per_step = (counts[-1] - counts[0]) / (len(counts) - 1)
-    return NodeGrowth(per_step, counts[-1], len(trace.backward_calls), built)
+    holder = _holder(trace, window)
+    return NodeGrowth(per_step, counts[-1], len(trace.backward_calls), built, holder)
+
+
+def _holder(trace: Trace, window: int) -> str | None:
+    """The container or attribute (`history`, `self.losses`) holding the roots of the last
+    steps' backward calls, as the last live refresh found them; a plain variable holding the
+    last loss is what any loop does, so it is not named."""
+    roots = {r for call in trace.backward_calls[-window - 1 :] for r in call.root_ids}
+    paths = [h.path for h in trace.holders if h.node_id in roots]
+    held = next((p for p in paths if "." in p or "[" in p), None)
+    return None if held is None else holder_group(held)
 
 
 def _alive_root(trace: Trace, index: int) -> Site | None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
-from collections import Counter
 from collections.abc import Callable
 from types import CodeType, TracebackType
 from typing import Any, Literal
@@ -34,6 +33,7 @@ from autograd_magic.recorder.aliases import AliasTracker
 from autograd_magic.recorder.backward import run_backward
 from autograd_magic.recorder.caller import CallerStandIns, StandIn
 from autograd_magic.recorder.deferred import take
+from autograd_magic.recorder.graph_holders import LiveHolderReading, noting_holders
 from autograd_magic.recorder.mode import KINDS, PLAIN, RecorderMode
 from autograd_magic.recorder.module_calls import ModuleTracker
 from autograd_magic.recorder.naming import frame_namespace
@@ -47,13 +47,12 @@ from autograd_magic.recorder.writer import TraceWriter
 _NoSubclassDispatch = torch._C.DisableTorchFunctionSubclass
 _NOT_LINKED = frozenset({OpKind.PLAIN, OpKind.INPLACE, OpKind.BACKWARD, OpKind.GRAD})
 _Tensor = torch.Tensor
-MAX_PATHS_PER_ROOT = 4
 
 
 _next_trace_number = 0
 
 
-class Recorder(NodeRecording, SavedTensorRecording, HolderReading):
+class Recorder(NodeRecording, SavedTensorRecording, HolderReading, LiveHolderReading):
     """Context manager behind `track()`; `__enter__` returns the `Trace` being filled."""
 
     def __init__(
@@ -241,17 +240,8 @@ class Recorder(NodeRecording, SavedTensorRecording, HolderReading):
     def finish(self, namespace: dict[str, Any]) -> None:
         """Resolve labels against the user's namespace and compute findings (block has ended)."""
         self.aliases.check_numpy_writes()
-        key, paths = self._key, Counter[int]()
         holders: list[Holder] = []
-
-        def note_holder(obj: Any, path: str) -> None:
-            grad_fn = grad_fn_of(obj) if issubclass(type(obj), torch.Tensor) else None
-            if grad_fn is not None:
-                tag = grad_fn.metadata.get(key)
-                # A few paths per root: `loss` and `losses[2]` may name the same tensor.
-                if tag is not None and paths[tag.node_id] < MAX_PATHS_PER_ROOT:
-                    paths[tag.node_id] += 1
-                    holders.append(Holder(path, tag.node_id))
+        note_holder = noting_holders(self._key, holders)
 
         # Holders keep a live graph root alive: with no live node there is none to find.
         live = self.trace.live_nodes > 0

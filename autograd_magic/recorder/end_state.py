@@ -44,8 +44,9 @@ class EndStateWriting:
                 buffer.label = name
 
     def end_holders(self, holders: list[Holder]) -> None:
-        """User-visible paths that keep a live graph root alive at the end of the block."""
-        self.trace.holders.extend(holders)
+        """User-visible paths that keep a live graph root alive at the end of the block (or, while
+        it runs, at the last live refresh: replaced at each)."""
+        self.trace.holders = list(holders)
 
     def end_modules(self, root_names: dict[str, str]) -> None:
         """Replace each root placeholder (`<0>`) in module paths by the user's name for that

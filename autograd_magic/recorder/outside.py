@@ -41,11 +41,14 @@ class HolderReading:
     modules: ModuleTracker
     _busy: int
 
+    read_graph_holders: Callable[[], None]  # graph_holders.LiveHolderReading
+
     def read_for_listener(self) -> None:
         """What a live view reads besides the counters: who holds saved memory, and which
         tracked tensors and arrays are alive (storage groups hide dead temporaries)."""
         self.read_holders()
         self.writer.alive_now(set(self.aliases.registry.alive().values()))
+        self.read_graph_holders()
 
     def read_holders(self) -> None:
         """Ask who holds each storage saved since the last read, and each not counted as

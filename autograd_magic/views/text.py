@@ -103,12 +103,15 @@ def _growth_sentence(growth: NodeGrowth, block: str) -> Sentence:
         f"{growth.steps:,} backward calls)"
     )
     line = built_line(growth)
+    held = f"`{growth.holder}` holds them" if growth.holder else "something still holds it"
     if growth.built is not None:
         text += (
             f": the graph built at line {line}{quoted_source(growth.built)} stays alive after "
-            "its backward, so something still holds it"
+            f"its backward, {held}"
         )
-    text += f". What holds it is named when the {block} ends."
+    elif growth.holder is not None:
+        text += f": `{growth.holder}` holds the graphs of the last steps"
+    text += "." if growth.holder else f". What holds it is named when the {block} ends."
     return Sentence(text, line, "finding")
 
 
