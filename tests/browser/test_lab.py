@@ -404,7 +404,7 @@ def test_quickstart_panel_renders_in_jupyterlab(lab: Lab, page: Any, tmp_path: P
             assert f"{label} {expected[label]}" in leaky, (label, expected[label], leaky[:600])
         assert "Backward calls 3" in leaky
         assert "`total_loss` keeps every iteration's graph alive" in leaky
-        assert "Line 7:" in leaky
+        assert "line 7 (`total_loss += loss`)" in leaky  # named once, in the sentence
         # AND the fixed panel has no finding
         assert "keeps every iteration's graph alive" not in fixed
         assert not re.search(r"Line \d+:", fixed.split("Timeline")[0]), fixed[:600]
