@@ -356,9 +356,8 @@ def buffer_totals(trace: Trace) -> Table:
         for (state, kind), (count, nbytes) in sorted(totals.items())
     )
     note = (
-        "Sizes add tensor by tensor; 'retained' in the summary counts each shared storage once, "
-        "and only activations: memory that something besides the graph also holds (the other "
-        "kinds) is not freed with the graph."
+        "Sizes add tensor by tensor. 'Retained' counts each storage once, activations only: "
+        "the other kinds are also held by something besides the graph."
     )
     return Table("Totals by state", ("state", "kind", "tensors", "bytes"), rows, note)
 
