@@ -128,7 +128,7 @@ def _with_lines(text: str, finding: Finding) -> str:
 
 
 # "line 7", "lines 3, 4 and 5", "lines 3-5": the numbers a sentence names as lines.
-_LINE_MENTION = re.compile(r"\b[Ll]ines? (\d+(?:(?:, | and | or |-)\d+)*)")
+_LINE_MENTION = re.compile(r"\b[Ll]ines? (\d+(?:(?:, | and | or |-|, \.\.\. )\d+)*)")
 
 
 def named_lines(text: str) -> set[int]:

@@ -60,12 +60,13 @@ def quoted_source(site: Site) -> str:
 
 
 def line_list(lines: Iterable[int]) -> str:
-    """'1, 2, 3' or '1, 2, 3, ... 9' for many lines."""
+    """'line 4', 'lines 1 and 2', 'lines 1, 2 and 3', or 'lines 1, 2, 3, ... 9' for many."""
     ordered = sorted(set(lines))
+    if len(ordered) == 1:
+        return f"line {ordered[0]}"
     if len(ordered) > 4:
-        ordered = [*ordered[:3], ordered[-1]]
-        return ", ".join(str(x) for x in ordered[:3]) + f", ... {ordered[-1]}"
-    return ", ".join(str(x) for x in ordered)
+        return "lines " + ", ".join(str(x) for x in ordered[:3]) + f", ... {ordered[-1]}"
+    return "lines " + ", ".join(str(x) for x in ordered[:-1]) + f" and {ordered[-1]}"
 
 
 def name_list(names: Iterable[str], noun: str) -> str:
@@ -102,7 +103,7 @@ def _saved(saved: SavedBy) -> str:
     if saved.modules:
         # Inside a model the line is the one calling `model(...)`: the module says where.
         who += f" (in {name_list((f'`{m}`' for m in saved.modules), 'modules')})"
-    return f"{who} saved for backward at line {line_list(saved.lines)}"
+    return f"{who} saved for backward at {line_list(saved.lines)}"
 
 
 def _saved_bytes(nbytes: int) -> str:
@@ -266,7 +267,7 @@ def _retained(f: Fact) -> str:
     keeper = f" as long as `{f.holder}` is alive" if f.holder else " until the graph is dropped"
     kept_text = (
         f"{format_bytes(f.nbytes)} of saved tensors ({len(f.buffer_ids):,} buffers, saved at "
-        f"line {line_list(f.related_lines)}) that no later backward released; they stay in "
+        f"{line_list(f.related_lines)}) that no later backward released; they stay in "
         f"memory{keeper}."
     )
     call_text = f"{f.reference.describe()}{times_text}{quoted_code(f.reference)}"
@@ -289,9 +290,9 @@ def _freed_twice(fix: Callable[[Fact], str]) -> Callable[[Fact], str]:
         who = f"`{f.holder}.backward()`" if f.holder else "The backward"
         saved, built = f.detail["saved_lines"], f.detail["built_lines"]
         if saved:
-            needs = f"tensors saved at line {line_list(saved)}"
+            needs = f"tensors saved at {line_list(saved)}"
         else:  # e.g. a Python number saved by `2 * x`: saved-tensor hooks never see those
-            needs = f"the graph built at line {line_list(built)}" if built else "a graph"
+            needs = f"the graph built at {line_list(built)}" if built else "a graph"
         releaser: Site | None = f.detail["releaser"]
         if releaser is None:
             earlier = "an earlier backward"
@@ -335,7 +336,7 @@ def _fix_built_once(f: Fact) -> str:
     widest = f.detail["widest"]
     value = f"`{widest}`" if widest else "it"
     return (
-        f"The shared part was built once (line {line_list(f.detail['built_lines'])}) and is "
+        f"The shared part was built once ({line_list(f.detail['built_lines'])}) and is "
         f"reused by every later backward: if no gradient should flow into it, detach "
         f"{value} (or build it under `torch.no_grad()`); if one should, rebuild it before each "
         "backward."
