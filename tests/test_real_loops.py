@@ -156,10 +156,13 @@ def test_the_optimizer_step_without_a_carried_state_keeps_its_own_advice():
         loss.backward(retain_graph=True)
         opt.step()  # L:LONE_STEP
         with pytest.raises(RuntimeError, match=INPLACE):
-            loss.backward()
+            loss.backward()  # L:LONE_FAILS
     (step,) = [f for f in trace.findings if f.kind == "inplace-on-saved"]
     assert step.line == line_of("LONE_STEP")
     assert "run every backward before optimizer.step()" in step.message
+    # (the backward did fail: the finding says why, not that it will, nor PyTorch's text again)
+    assert f"that is why the backward at line {line_of('LONE_FAILS')} failed" in step.message
+    assert "will fail" not in step.message and INPLACE not in step.message
     assert "Because" not in step.message
 
 

@@ -380,11 +380,18 @@ def _optimizer_step(f: Fact) -> str:
             f"{because(f.cause)}the next backward reaches back into that graph: {done}, so it "
             f"fails with {INPLACE_ERROR}. Detaching `{_carried_name(f.cause)}` fixes this too."
         )
+    failed = f.detail.get("failed")
+    # When the backward already failed, its error says PyTorch's text: say why, not it again.
+    then = (
+        f"that is why the backward at line {failed} failed: the graph it walks was built before "
+        "the step"
+        if failed is not None
+        else f"a backward through that graph will fail with {INPLACE_ERROR}"
+    )
     return (
-        f"{done[0].upper()}{done[1:]}; a backward through that graph will fail with "
-        f"{INPLACE_ERROR}. The optimizer updated the weights while a retained graph still needs "
-        f"their old values: run every backward before optimizer.step(), or redo the forward "
-        f"after it."
+        f"{done[0].upper()}{done[1:]}; {then}. The optimizer updated the weights while a "
+        f"retained graph still needs their old values: run every backward before "
+        f"optimizer.step(), or redo the forward after it (recompute what you backpropagate)."
     )
 
 

@@ -59,7 +59,7 @@ def inplace_on_saved(trace: Trace, graph: RecordIndex, cause: Fact | None) -> li
             )
         )
     facts += [
-        _optimizer_step(graph, line, bumps, cause)
+        _optimizer_step(trace, graph, line, bumps, cause)
         for line, bumps in steps.items()
         if cause is not None or _backpropagated_after(trace, graph, bumps)
     ]
@@ -88,7 +88,7 @@ def _backpropagated_after(trace: Trace, graph: RecordIndex, bumps: list[VersionB
 
 
 def _optimizer_step(
-    graph: RecordIndex, line: int, bumps: list[VersionBump], cause: Fact | None
+    trace: Trace, graph: RecordIndex, line: int, bumps: list[VersionBump], cause: Fact | None
 ) -> Fact:
     """One fact for every saved parameter one optimizer step updated."""
     site = bumps[0].site
@@ -103,7 +103,11 @@ def _optimizer_step(
         cause=cause,
         reference=site,
         buffer_ids=buffer_ids,
-        detail={"labels": tuple(b.label for b in bumps), "saved": saved},
+        detail={
+            "labels": tuple(b.label for b in bumps),
+            "saved": saved,
+            "failed": _failed_after(trace, bumps[0]),
+        },
     )
 
 
