@@ -34,7 +34,7 @@ from autograd_magic.recorder.aliases import AliasTracker
 from autograd_magic.recorder.backward import run_backward
 from autograd_magic.recorder.caller import CallerStandIns, StandIn
 from autograd_magic.recorder.deferred import take
-from autograd_magic.recorder.mode import KINDS, PLAIN, RecorderMode
+from autograd_magic.recorder.mode import INPLACE, KINDS, PLAIN, RecorderMode
 from autograd_magic.recorder.module_calls import ModuleTracker
 from autograd_magic.recorder.naming import frame_namespace
 from autograd_magic.recorder.nodes import NodeRecording, current_sequence_nr, grad_fn_of
@@ -47,6 +47,7 @@ from autograd_magic.recorder.writer import TraceWriter
 _NoSubclassDispatch = torch._C.DisableTorchFunctionSubclass
 _NOT_LINKED = frozenset({OpKind.PLAIN, OpKind.INPLACE, OpKind.BACKWARD, OpKind.GRAD})
 _Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
 MAX_PATHS_PER_ROOT = 4
 
 
@@ -278,6 +279,8 @@ class Recorder(NodeRecording, SavedTensorRecording, HolderReading):
             entry = self._kinds[func] = classify(func)
             if entry[0] is OpKind.PLAIN:
                 PLAIN.add(func)
+            elif entry[0] is OpKind.INPLACE:
+                INPLACE.add(func)
         kind, name = entry
         if self._busy:
             return func(*args, **kwargs)
@@ -319,6 +322,30 @@ class Recorder(NodeRecording, SavedTensorRecording, HolderReading):
                         self._discover([grad_fn], mark)
             elif isinstance(out, (tuple, list)):
                 self._register_outputs(out, mark)
+        finally:
+            self._in_call = False
+            self._call_site = None
+        if self.writer.listener is not None:
+            self._notify_listener()
+        return out
+
+    def _on_inplace(self, func: Any, args: tuple, kwargs: dict, call: StandIn) -> Any:
+        """`_on_call` for a write on plain tensors (kind INPLACE, no `out=`): an optimizer step
+        makes one per parameter and state tensor, so it skips the general path's dispatch."""
+        __tracebackhide__ = True
+        mark = len(self._unowned)
+        self._in_call = True
+        try:
+            out = self.aliases.run_inplace(func, self._kinds[func][1], args, kwargs, call)
+            if type(out) is _Tensor or type(out) is _Parameter:
+                grad_fn = grad_fn_of(out)
+                # Under no_grad (an optimizer) the target keeps its node, or has none.
+                if grad_fn is not None and self._key not in grad_fn.metadata:
+                    with _NoSubclassDispatch():
+                        self._register_outputs(out, mark)
+            else:
+                with _NoSubclassDispatch():
+                    self._register_outputs(out, mark)
         finally:
             self._in_call = False
             self._call_site = None

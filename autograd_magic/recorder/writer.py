@@ -27,6 +27,7 @@ from autograd_magic.model.records import (
 )
 from autograd_magic.model.timeline import correct_retained, delta_at
 from autograd_magic.model.trace import Trace
+from autograd_magic.recorder import native
 from autograd_magic.recorder.end_state import EndStateWriting
 
 # Called with the trace while it records (the live panel).
@@ -45,6 +46,12 @@ class TraceWriter(EndStateWriting):
     def __init__(self, trace: Trace, locate: Callable[[int], Site] | None = None) -> None:
         self.trace = trace
         self.closed = False
+        # Records are left out of the cycle collector's scans where the compiled helper is there
+        # (`_native.untrack`: they hold no cycle, and a block's many records would otherwise make
+        # each of the user's collections walk them); the fallback keeps them tracked.
+        self._untrack: Callable[[object], object] | None = (
+            None if native.NATIVE is None else native.NATIVE.untrack
+        )
         # Where an event happened when it carries no site (a node dying): `locate(skip)`.
         self.locate = locate
         self.active_backward: BackwardCall | None = None
@@ -119,6 +126,8 @@ class TraceWriter(EndStateWriting):
             existed_before=existed_before,
             module=self.module,
         )
+        if self._untrack is not None:
+            self._untrack(record)
         trace.nodes.append(record)
         self._nodes[node_id] = record
 
@@ -133,6 +142,8 @@ class TraceWriter(EndStateWriting):
             trace.peak_live_nodes = live
         if len(trace.nodes) < trace.max_records:
             record = NodeRecord(node_id, name, seq, site, next_ids, module=self.module)
+            if self._untrack is not None:
+                self._untrack(record)
             trace.nodes.append(record)
             self._nodes[node_id] = record
         else:
@@ -203,6 +214,8 @@ class TraceWriter(EndStateWriting):
             trace.dropped_buffers += 1
         else:
             buffer.module = self.module
+            if self._untrack is not None:
+                self._untrack(buffer)
             trace.buffers.append(buffer)
             self._buffers[buffer.id] = buffer
         self.sample("buffer saved", buffer.saved_site)
@@ -301,6 +314,8 @@ class TraceWriter(EndStateWriting):
         """An alias or copy link (counted, not kept, beyond the record cap)."""
         trace = self.trace
         if len(trace.links) < trace.max_records:
+            if self._untrack is not None:
+                self._untrack(link)
             trace.links.append(link)
         else:
             trace.dropped_events += 1
@@ -309,6 +324,8 @@ class TraceWriter(EndStateWriting):
         """An in-place write; `what` labels its timeline sample (None: no sample)."""
         trace = self.trace
         if len(trace.version_bumps) < trace.max_records:
+            if self._untrack is not None:
+                self._untrack(bump)
             trace.version_bumps.append(bump)
         else:
             trace.dropped_events += 1
@@ -362,9 +379,12 @@ class TraceWriter(EndStateWriting):
         if self._run_open:
             self.flush()
         timeline = trace.timeline
-        timeline.append(
-            _new_sample(_SAMPLE, (trace.seq, trace.live_nodes, trace.retained_bytes, what, line))
+        sample = _new_sample(
+            _SAMPLE, (trace.seq, trace.live_nodes, trace.retained_bytes, what, line)
         )
+        if self._untrack is not None:
+            self._untrack(sample)
+        timeline.append(sample)
         self._last_what, self._last_line = what, line
         if len(timeline) >= trace.max_timeline:
             self._thin_timeline()
@@ -374,9 +394,12 @@ class TraceWriter(EndStateWriting):
         if self._run_open:
             timeline = self.trace.timeline
             last = timeline[-1]
-            timeline[-1] = _new_sample(
+            sample = _new_sample(
                 _SAMPLE, (self._run_seq, self._run_live, self._run_bytes, last.what, last.line)
             )
+            if self._untrack is not None:
+                self._untrack(sample)
+            timeline[-1] = sample
             self._run_open = False
 
     def _thin_timeline(self) -> None:
