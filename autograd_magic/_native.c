@@ -1,4 +1,4 @@
-/* autograd_magic._native: the recorder's per-event caller lookup, compiled.
+/* autograd_magic._native: the recorder's per-event caller lookup, compiled, and `untrack`.
  *
  * `SiteCache.here(skip)` is `recorder.sites.SiteFinder.here` without the interpreter: one walk
  * up the stack to the innermost user frame, then one lookup in an open-addressing table keyed by
@@ -402,6 +402,28 @@ static PyTypeObject SiteCacheType = {
     .tp_getset = SiteCache_getset,
 };
 
+/* untrack(record): the record, no longer scanned by the cycle collector.
+ *
+ * A block's records (node, buffer, write, link records and timeline samples) hold only ints,
+ * strings, tuples and interned Sites: they can never be part of a reference cycle, so the
+ * collector has nothing to find in them, yet each one it tracks is walked by every collection
+ * that reaches its generation, and the records accumulate (100,000 of each kind by default) into
+ * the oldest one, where their number also triggers more full collections. Untracked, a block of
+ * a million events costs the user's own collections nothing. Refcounting frees them as before. */
+static PyObject *untrack(PyObject *Py_UNUSED(module), PyObject *record) {
+    if (PyObject_IS_GC(record) && PyObject_GC_IsTracked(record)) {
+        PyObject_GC_UnTrack(record);
+    }
+    Py_INCREF(record);
+    return record;
+}
+
+static PyMethodDef module_methods[] = {
+    {"untrack", (PyCFunction)untrack, METH_O,
+     "untrack(record): `record`, left out of the cycle collector's scans (it holds no cycle)."},
+    {NULL, NULL, 0, NULL},
+};
+
 static int exec_module(PyObject *module) {
     STAND_IN_NAME = PyUnicode_InternFromString("autograd_magic_call");
     MODULE_NAME = PyUnicode_InternFromString("<module>");
@@ -423,6 +445,7 @@ static struct PyModuleDef native_module = {
     .m_name = "autograd_magic._native",
     .m_doc = "The recorder's per-event caller lookup, compiled (see recorder/native.py).",
     .m_size = 0,
+    .m_methods = module_methods,
     .m_slots = slots,
 };
 

@@ -1,10 +1,15 @@
 """Types of the compiled per-event helpers (autograd_magic/_native.c)."""
 
 from types import CodeType
+from typing import TypeVar
 
 from autograd_magic.model.records import Site
 
+_T = TypeVar("_T")
+
 STAND_IN_NAME: str
+
+def untrack(record: _T) -> _T: ...
 
 class SiteCache:
     home_code: CodeType | None

@@ -8,12 +8,15 @@ extension (`pip install -e .`), so there a missing build fails instead of skippi
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
 import sys
+import weakref
 
 import pytest
+import torch
 from scenarios import assert_same, run_tracked
 from test_differential import SCENARIOS
 
@@ -100,3 +103,31 @@ def test_the_environment_variable_forces_the_pure_python_recorder(tmp_path):
     assert pure["status"].startswith("pure Python")
     assert compiled["status"].startswith("compiled")
     assert pure["trace"] == compiled["trace"]
+
+
+def _recorded_trace() -> am.Trace:
+    x = torch.randn(4, requires_grad=True)
+    with am.track() as trace:
+        (x * 2).sin().sum().backward()
+    return trace
+
+
+@needs_native
+def test_compiled_recorder_leaves_records_out_of_the_cycle_collector(monkeypatch):
+    """GIVEN a block recorded with the compiled recorder and one with the pure-Python one WHEN
+    their records are inspected THEN the compiled one's records are untracked by the cycle
+    collector (they hold no cycle; a large block costs the user's collections nothing), the
+    pure-Python one's are tracked, and an untracked record is freed when dropped."""
+    compiled = _recorded_trace()
+    records = [*compiled.nodes, *compiled.buffers, *compiled.timeline]
+    assert records and not any(gc.is_tracked(r) for r in records)
+    monkeypatch.setattr(native, "NATIVE", None)
+    pure = _recorded_trace()
+    assert all(gc.is_tracked(r) for r in [*pure.nodes, *pure.buffers])
+
+    assert COMPILED is not None
+    probe = COMPILED.untrack(type("Probe", (), {})())
+    assert not gc.is_tracked(probe)
+    gone = weakref.ref(probe)
+    del probe
+    assert gone() is None  # reference counting frees it as before

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from autograd_magic.recorder.writer import TraceWriter
 
 NUMPY_WATCH_MAX_BYTES = 16 * 2**20
+_Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
 _INPLACE_WHAT: dict[str, str] = {}  # op name -> its timeline label, built once per op
 PRUNE_EVERY = 4096
 
@@ -148,6 +150,19 @@ class AliasTracker:
     ) -> Any:
         """Run an op (through `call`) that may write in place and record each version bump."""
         __tracebackhide__ = True
+        first = args[0] if args else None
+        if (type(first) is _Tensor or type(first) is _Parameter) and "out" not in kwargs:
+            # The common write (an optimizer's add_, a module's relu_): its one target, read
+            # without building lists (what `_write_targets` gives for it).
+            if first.is_inference():
+                return call(func, args, kwargs)
+            old = first._version
+            saved_before = self.trace.buffers_saved
+            out = call(func, args, kwargs)
+            new = first._version
+            if new != old:
+                self._record_bump(first, op, old, new, self.sites.here(2), saved_before)
+            return out
         targets = _write_targets(args, kwargs)
         before = [t._version for t in targets]
         saved_before = self.trace.buffers_saved
@@ -172,24 +187,18 @@ class AliasTracker:
         bypass = bool(silent) or source is not None
         hits = silent if bypass and silent else failing
         sharers = self._live_sharers(uid)
+        # Positional: a dataclass's __init__ takes keywords slower (one write per optimizer op).
         bump = VersionBump(
-            label=label,
-            op=op,
-            old=old,
-            new=new,
-            seq=writer.next_seq(),
-            site=site,
-            object_id=uid,
-            hit_buffers=tuple(hits),
-            bypass=bypass,
-            bypassed_id=source or 0,
-            sharer_ids=sharers,
+            label, op, old, new, writer.next_seq(), site, uid, tuple(hits), (), bypass, source or 0
         )
+        if sharers:
+            bump.sharer_ids = sharers
         what = _INPLACE_WHAT.get(op)
         if what is None:
             what = _INPLACE_WHAT[op] = f"in-place {op}"
         writer.version_bump(bump, what)
-        self._rebase_numpy_watches(tensor)
+        if self._numpy_watches:
+            self._rebase_numpy_watches(tensor)
 
     def _rebase_numpy_watches(self, tensor: torch.Tensor) -> None:
         """A torch write on memory a NumPy array shares is recorded already: not a NumPy write."""

@@ -31,10 +31,11 @@ from autograd_magic.model.units import describe_error
 from autograd_magic.recorder import install
 from autograd_magic.recorder.aliases import AliasTracker
 from autograd_magic.recorder.backward import run_backward
+from autograd_magic.recorder.blind_spots import BlindSpotHandling
 from autograd_magic.recorder.caller import CallerStandIns, StandIn
 from autograd_magic.recorder.deferred import take
 from autograd_magic.recorder.graph_holders import LiveHolderReading, noting_holders
-from autograd_magic.recorder.mode import KINDS, PLAIN, RecorderMode
+from autograd_magic.recorder.mode import INPLACE, KINDS, PLAIN, RecorderMode
 from autograd_magic.recorder.module_calls import ModuleTracker
 from autograd_magic.recorder.naming import frame_namespace
 from autograd_magic.recorder.nodes import NodeRecording, current_sequence_nr, grad_fn_of
@@ -47,12 +48,15 @@ from autograd_magic.recorder.writer import TraceWriter
 _NoSubclassDispatch = torch._C.DisableTorchFunctionSubclass
 _NOT_LINKED = frozenset({OpKind.PLAIN, OpKind.INPLACE, OpKind.BACKWARD, OpKind.GRAD})
 _Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
 
 
 _next_trace_number = 0
 
 
-class Recorder(NodeRecording, SavedTensorRecording, HolderReading, LiveHolderReading):
+class Recorder(
+    NodeRecording, SavedTensorRecording, HolderReading, LiveHolderReading, BlindSpotHandling
+):
     """Context manager behind `track()`; `__enter__` returns the `Trace` being filled."""
 
     def __init__(
@@ -268,6 +272,8 @@ class Recorder(NodeRecording, SavedTensorRecording, HolderReading, LiveHolderRea
             entry = self._kinds[func] = classify(func)
             if entry[0] is OpKind.PLAIN:
                 PLAIN.add(func)
+            elif entry[0] is OpKind.INPLACE:
+                INPLACE.add(func)
         kind, name = entry
         if self._busy:
             return func(*args, **kwargs)
@@ -316,6 +322,30 @@ class Recorder(NodeRecording, SavedTensorRecording, HolderReading, LiveHolderRea
             self._notify_listener()
         return out
 
+    def _on_inplace(self, func: Any, args: tuple, kwargs: dict, call: StandIn) -> Any:
+        """`_on_call` for a write on plain tensors (kind INPLACE, no `out=`): an optimizer step
+        makes one per parameter and state tensor, so it skips the general path's dispatch."""
+        __tracebackhide__ = True
+        mark = len(self._unowned)
+        self._in_call = True
+        try:
+            out = self.aliases.run_inplace(func, self._kinds[func][1], args, kwargs, call)
+            if type(out) is _Tensor or type(out) is _Parameter:
+                grad_fn = grad_fn_of(out)
+                # Under no_grad (an optimizer) the target keeps its node, or has none.
+                if grad_fn is not None and self._key not in grad_fn.metadata:
+                    with _NoSubclassDispatch():
+                        self._register_outputs(out, mark)
+            else:
+                with _NoSubclassDispatch():
+                    self._register_outputs(out, mark)
+        finally:
+            self._in_call = False
+            self._call_site = None
+        if self.writer.listener is not None:
+            self._notify_listener()
+        return out
+
     def _on_subclass(self, func: Any, args: tuple, kwargs: dict, call: StandIn) -> Any:
         """A call on a tensor subclass with its own `__torch_function__`: the subclass sees the
         call itself, never the recorder's bookkeeping (run with subclass dispatch off)."""
@@ -355,55 +385,6 @@ class Recorder(NodeRecording, SavedTensorRecording, HolderReading, LiveHolderRea
         finally:
             self._busy -= 1
 
-    # ----- from_numpy and blind spots ---------------------------------------------------
-    def from_numpy_made(self, tensor: torch.Tensor, array: Any) -> None:
-        """`torch.from_numpy(array)` returned `tensor` while this block was active."""
-        if threading.get_ident() != self._thread:  # the patch is global; the block is not
-            return
-        self._busy += 1
-        try:
-            self.aliases.link(tensor, array, "from_numpy", OpKind.AS_TENSOR, skip=3)
-        finally:
-            self._busy -= 1
-
-    def forget(self, obj: Any) -> None:
-        """Hold no weak reference to `obj` any more (before `torch.utils.swap_tensors`)."""
-        self.aliases.registry.forget(obj)
-
-    def user_hooks_entered(self) -> None:
-        """User saved-tensor hooks were entered: they hide saved tensors from this block."""
-        if threading.get_ident() != self._thread:  # hooks are per thread: not this block's
-            return
-        site = self._sites.here(2)
-        self._note_blindspot("saved-tensor-hooks", site, _HOOKS_MESSAGE)
-
-    def suspend(self, kind: BlindspotKind, message: str) -> bool:
-        """Step aside (hooks; the mode too unless only hooks are refused) where PyTorch allows no
-        tracking; False when this block is not running on this thread."""
-        if self._mode is None or threading.get_ident() != self._thread or self._suspended:
-            return False
-        self._note_blindspot(kind, self._sites.here(2), message)
-        self._suspended = "hooks" if kind == "hooks-disabled" else "all"
-        install.remove_hooks(self._pack_hook)
-        if self._suspended == "all":
-            install.remove_mode(self._mode)
-        return True
-
-    def resume(self) -> None:
-        """Undo `suspend` (nothing once the block has ended)."""
-        suspended, self._suspended = self._suspended, None
-        if self._mode is None or suspended is None:
-            return
-        install.push_hooks(self._pack_hook, self._unpack)
-        if suspended == "all":
-            install.push_mode_innermost(self._mode)
-
-    def _note_blindspot(self, kind: BlindspotKind, site: Site, message: str) -> None:
-        if (kind, site.line) in self._blind_lines:
-            return
-        self._blind_lines.add((kind, site.line))
-        self.writer.blindspot(Blindspot(kind, message.format(line=site.line), site.line))
-
 
 def uninstall_this_thread() -> int:
     """Remove every recorder still installed on this thread: running, left behind by an
@@ -421,8 +402,4 @@ def uninstall_this_thread() -> int:
 _LOCALS_MESSAGE = (
     "This Python version's function locals cannot be read without changing them: tensors held "
     "only by local variables are not named."
-)
-_HOOKS_MESSAGE = (
-    "Your own saved-tensor hooks (torch.utils.checkpoint, save_on_cpu, ...) were active at line "
-    "{line}: tensors saved under them are handled by your hooks and not counted here."
 )

@@ -16,7 +16,7 @@ from autograd_magic.model.records import SavedBuffer
 from autograd_magic.model.trace import Trace
 from autograd_magic.recorder.aliases import AliasTracker
 from autograd_magic.recorder.deferred import pending, raise_pending
-from autograd_magic.recorder.saved import PackedSaved, storage_of
+from autograd_magic.recorder.saved import PackedSaved, is_parameter, storage_of
 from autograd_magic.recorder.sites import SiteFinder
 from autograd_magic.recorder.writer import TraceWriter
 
@@ -78,8 +78,7 @@ class SavedTensorRecording:
                 packed.nbytes,
                 storage_nbytes,
                 is_leaf,
-                # The leaf test first: Parameter's isinstance check is slow.
-                is_leaf and isinstance(tensor, torch.nn.Parameter),
+                is_leaf and is_parameter(tensor),
                 packed.version,
                 trace.seq,
                 site,

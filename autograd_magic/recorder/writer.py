@@ -27,10 +27,9 @@ from autograd_magic.model.records import (
 )
 from autograd_magic.model.timeline import correct_retained, delta_at
 from autograd_magic.model.trace import Trace
+from autograd_magic.recorder import native
 from autograd_magic.recorder.end_state import EndStateWriting
-
-# Called with the trace while it records (the live panel).
-Listener = Callable[[Trace], None]
+from autograd_magic.recorder.listening import Listener, ListenerCalling
 
 NODES_CREATED = "nodes created"
 NODE_FREED = "node freed"
@@ -39,12 +38,18 @@ _SAMPLE = TimelineSample
 _new_sample = tuple.__new__  # the NamedTuple's own __new__ is a Python function (per event)
 
 
-class TraceWriter(EndStateWriting):
+class TraceWriter(EndStateWriting, ListenerCalling):
     """Writes one block's events into `trace`; `close()` ends the block for good."""
 
     def __init__(self, trace: Trace, locate: Callable[[int], Site] | None = None) -> None:
         self.trace = trace
         self.closed = False
+        # Records are left out of the cycle collector's scans where the compiled helper is there
+        # (`_native.untrack`: they hold no cycle, and a block's many records would otherwise make
+        # each of the user's collections walk them); the fallback keeps them tracked.
+        self._untrack: Callable[[object], object] | None = (
+            None if native.NATIVE is None else native.NATIVE.untrack
+        )
         # Where an event happened when it carries no site (a node dying): `locate(skip)`.
         self.locate = locate
         self.active_backward: BackwardCall | None = None
@@ -119,6 +124,8 @@ class TraceWriter(EndStateWriting):
             existed_before=existed_before,
             module=self.module,
         )
+        if self._untrack is not None:
+            self._untrack(record)
         trace.nodes.append(record)
         self._nodes[node_id] = record
 
@@ -133,6 +140,8 @@ class TraceWriter(EndStateWriting):
             trace.peak_live_nodes = live
         if len(trace.nodes) < trace.max_records:
             record = NodeRecord(node_id, name, seq, site, next_ids, module=self.module)
+            if self._untrack is not None:
+                self._untrack(record)
             trace.nodes.append(record)
             self._nodes[node_id] = record
         else:
@@ -203,6 +212,8 @@ class TraceWriter(EndStateWriting):
             trace.dropped_buffers += 1
         else:
             buffer.module = self.module
+            if self._untrack is not None:
+                self._untrack(buffer)
             trace.buffers.append(buffer)
             self._buffers[buffer.id] = buffer
         self.sample("buffer saved", buffer.saved_site)
@@ -301,6 +312,8 @@ class TraceWriter(EndStateWriting):
         """An alias or copy link (counted, not kept, beyond the record cap)."""
         trace = self.trace
         if len(trace.links) < trace.max_records:
+            if self._untrack is not None:
+                self._untrack(link)
             trace.links.append(link)
         else:
             trace.dropped_events += 1
@@ -309,6 +322,8 @@ class TraceWriter(EndStateWriting):
         """An in-place write; `what` labels its timeline sample (None: no sample)."""
         trace = self.trace
         if len(trace.version_bumps) < trace.max_records:
+            if self._untrack is not None:
+                self._untrack(bump)
             trace.version_bumps.append(bump)
         else:
             trace.dropped_events += 1
@@ -362,9 +377,12 @@ class TraceWriter(EndStateWriting):
         if self._run_open:
             self.flush()
         timeline = trace.timeline
-        timeline.append(
-            _new_sample(_SAMPLE, (trace.seq, trace.live_nodes, trace.retained_bytes, what, line))
+        sample = _new_sample(
+            _SAMPLE, (trace.seq, trace.live_nodes, trace.retained_bytes, what, line)
         )
+        if self._untrack is not None:
+            self._untrack(sample)
+        timeline.append(sample)
         self._last_what, self._last_line = what, line
         if len(timeline) >= trace.max_timeline:
             self._thin_timeline()
@@ -374,9 +392,12 @@ class TraceWriter(EndStateWriting):
         if self._run_open:
             timeline = self.trace.timeline
             last = timeline[-1]
-            timeline[-1] = _new_sample(
+            sample = _new_sample(
                 _SAMPLE, (self._run_seq, self._run_live, self._run_bytes, last.what, last.line)
             )
+            if self._untrack is not None:
+                self._untrack(sample)
+            timeline[-1] = sample
             self._run_open = False
 
     def _thin_timeline(self) -> None:
@@ -396,41 +417,6 @@ class TraceWriter(EndStateWriting):
         last = timeline[-1] if timeline else None
         self._last_what = None if last is None else last.what
         self._last_line = None if last is None else last.line
-
-    # ----- the live listener ---------------------------------------------------------------
-    def listen(self, callback: Listener | None, interval_s: float = 0.5) -> None:
-        """See `Recorder.listen` (never called inside a finalizer: `notify` runs between ops).
-        The first call comes one interval after this, not after the writer was made: a live
-        panel built and shown meanwhile gets a whole interval before its first update."""
-        self.listener = callback
-        self.listen_interval_s = interval_s
-        self._listened_at = time.monotonic()
-
-    def notify(self) -> None:
-        """Call the trace's listener if its interval has passed (checked every 32 calls)."""
-        # Reading the clock on every torch call costs more than the view: look every 32 calls.
-        self._calls_to_clock -= 1
-        if self._calls_to_clock > 0:
-            return
-        trace = self.trace
-        interval = self.listen_interval_s
-        self._calls_to_clock = 32 if interval > 0 else 1
-        if time.monotonic() - self._listened_at < interval:
-            return
-        listener = self.listener
-        if listener is None:
-            return
-        try:
-            read = None if self.read_holders is None else self.read_holders()
-            if read is not None:
-                read()
-            self.flush()
-            listener(trace)
-        except Exception:  # a broken view must not break the user's code
-            self.listener = None
-        # Counted from the end of this update, so updates are at least `interval` apart however
-        # long one takes to send.
-        self._listened_at = time.monotonic()
 
     # ----- the end -------------------------------------------------------------------------
     def close(self, findings: list[Finding] | None = None) -> None:
