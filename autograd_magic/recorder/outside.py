@@ -55,8 +55,10 @@ class HolderReading:
         retained that may have been let go of since (before a number is shown: a refresh, a
         backward call, the block's end)."""
         writer = self.writer
-        keys = [k for k in writer.new_storages if writer.held_by.get(k, "") not in _FIXED]
-        keys += [k for k, why in writer.held_by.items() if why not in _FIXED]
+        # Copied in one C call each: a release on an autograd thread may change them meanwhile.
+        known = dict(writer.held_by)
+        keys = [k for k in tuple(writer.new_storages) if known.get(k, "") not in _FIXED]
+        keys += [k for k, why in known.items() if why not in _FIXED]
         changes: dict[int, tuple[HeldBy, list[int]]] = {}
         if keys:
             holders = Holders(
