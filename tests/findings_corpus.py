@@ -1505,8 +1505,6 @@ BROKEN = [
                 ("detach",),
             ),
         ),
-        known_gap="a Categorical's cached probs/logits are named as holders, and the fix says "
-        "detach instead of clearing the list once per episode",
     ),
     Case(
         "eval-without-no-grad",

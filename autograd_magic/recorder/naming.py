@@ -53,6 +53,11 @@ def _children(obj: Any, path: str, skipped: set[str]) -> Iterator[tuple[Any, str
         return
     if issubclass(kind, torch.Tensor) or kind.__module__ == "numpy":
         return
+    distributions = sys.modules.get("torch.distributions")
+    if distributions is not None and issubclass(kind, distributions.Distribution):
+        # It caches its parameters (`probs`, `logits`) as it is used: a library's cache of the
+        # user's tensors, not a place the user keeps them.
+        return
     if kind.__module__.startswith(_OWN_PACKAGE):
         # Traces stored by earlier cells (`-o NAME`) hold records, not the user's tensors:
         # walking their thousands of records would spend the naming budget for nothing.

@@ -326,6 +326,15 @@ def _fix_carried(f: Fact) -> str:
     )
 
 
+def _fix_kept_container(f: Fact) -> str:
+    container = f.detail["container"]
+    return (
+        f"The freed part is reached through `{container}`, which still holds results of "
+        f"iterations an earlier backward already used: empty it after each backward "
+        f"(`del {container}[:]`), so each loss is built only from the current iteration."
+    )
+
+
 def _fix_unshared(f: Fact) -> str:
     return (
         "Pass retain_graph=True to the earlier backward, or sum the losses and call backward once."
@@ -437,6 +446,7 @@ _WORDS: dict[tuple[str, str], Callable[[Fact], str]] = {
     ("retained-graph", "retained"): _retained,
     ("backward-through-freed", "two-losses"): _freed_twice(_fix_two_losses),
     ("backward-through-freed", "carried"): _freed_twice(_fix_carried),
+    ("backward-through-freed", "kept-container"): _freed_twice(_fix_kept_container),
     ("backward-through-freed", "unshared"): _freed_twice(_fix_unshared),
     ("backward-through-freed", "built-once"): _freed_twice(_fix_built_once),
     ("inplace-on-saved", "write"): _inplace,

@@ -32,15 +32,20 @@ def find_facts(trace: Trace) -> list[Fact]:
     kept = kept_alive(trace, graph)
     if cause is not None:  # the root cause names the variable; no second fact about it
         kept = [f for f in kept if f.holder != cause.holder]
+    freed = backward_through_freed(trace, graph)
+    # A list whose old results broke the next backward is said once, with the error it caused
+    # (and the fix that fits: empty it, not detach what a policy gradient needs).
+    emptied = {f.detail["container"] for f in freed if f.form == "kept-container"}
+    kept = [f for f in kept if f.holder not in emptied]
     unused = unused_graph(trace, graph)
     # A variable holding graphs no backward used is one finding, about the variable.
-    kept_names = {f.holder for f in kept}
+    kept_names = {f.holder for f in kept} | emptied
     unused = [f for f in unused if f.form == "leftover" or f.holder not in kept_names]
     facts = [
         *kept,
         *([] if cause is None else [cause]),
         *retained_graph(trace, graph, cause),
-        *backward_through_freed(trace, graph),
+        *freed,
         *inplace_on_saved(trace, graph, cause),
         *shared_write(trace, graph),
         *data_bypass(trace, graph),

@@ -7,7 +7,7 @@ from collections import Counter
 
 from autograd_magic.analysis.findings.facts import Fact
 from autograd_magic.analysis.findings.lifetime import holder_group, root_name
-from autograd_magic.analysis.findings.source import reads_itself
+from autograd_magic.analysis.findings.source import backward_receiver, reads_itself
 from autograd_magic.analysis.index import RecordIndex, retained_bytes_of
 from autograd_magic.model.records import BackwardCall, NodeRecord, Site
 from autograd_magic.model.trace import Trace
@@ -212,7 +212,8 @@ def _freed_twice_fact(
     shared: list[NodeRecord],
     releaser: BackwardCall | None,
 ) -> Fact:
-    name = root_name(trace, call.root_ids)
+    # A loss local to a function (`finish_episode`) has no holder at the end: its line names it.
+    name = root_name(trace, call.root_ids) or backward_receiver(call.site)
     built_lines = tuple(sorted({cell_line(n.born_site) for n in shared}))
     freed = [
         b
@@ -222,11 +223,14 @@ def _freed_twice_fact(
     saved_lines = tuple(sorted({cell_line(b.saved_site) for b in freed})) or built_lines
     releaser_lines = () if releaser is None else (cell_line(releaser.site),)
     form, fix = _fix(trace, graph, call, shared, releaser)
+    # Called inside a function (`finish_episode`): the line to look at is the inner one.
+    line = call.site.line if call.site.outer_line not in (None, call.site.line) else None
+    at = cell_line(call.site)
     return Fact(
         "backward-through-freed",
         form,
-        cell_line(call.site),
-        tuple(sorted(set(releaser_lines) | set(built_lines) | set(saved_lines))),
+        at if line is None else line,
+        tuple(sorted({*releaser_lines, *built_lines, *saved_lines, at} - {line or at})),
         name,
         0,
         reference=call.site,
@@ -241,6 +245,16 @@ def _freed_twice_fact(
     )
 
 
+def _kept_container(trace: Trace, shared: list[NodeRecord]) -> str | None:
+    """The container (`policy.saved_log_probs`) whose elements hold nodes of the freed part,
+    when one does."""
+    ids = {n.id for n in shared}
+    held = Counter(
+        holder_group(h.path) for h in trace.holders if "[" in h.path and h.node_id in ids
+    )
+    return held.most_common(1)[0][0] if held else None
+
+
 def _fix(
     trace: Trace,
     graph: RecordIndex,
@@ -253,6 +267,11 @@ def _fix(
     if releaser is not None and roots and all(r.born_seq < releaser.seq for r in roots):
         # Two losses from one forward, backpropagated one after the other.
         return "two-losses", {"first": root_name(trace, releaser.root_ids)}
+    container = _kept_container(trace, shared)
+    if container is not None:
+        # Results of earlier iterations kept in a list reach the next loss (REINFORCE's
+        # `saved_log_probs` never emptied): the list is the cause, not a carried variable.
+        return "kept-container", {"container": container}
     carried = [n.born_site for n in shared if _built_in_two_epochs(trace, graph, n.born_site)]
     if carried:
         holder = _carried_holder(trace, graph, carried[-1]) or "h"

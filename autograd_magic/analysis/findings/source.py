@@ -50,6 +50,12 @@ def store_site(trace: Trace, path: str, computed: int) -> Site | None:
     return None if line == computed else Site(file, line)
 
 
+def backward_receiver(site: Site) -> str | None:
+    """`policy_loss` when the line at `site` calls `policy_loss.backward(`, else None."""
+    found = re.search(r"(?<![\w.])([A-Za-z_][\w.]*)\.backward\(", source_of(site))
+    return None if found is None else found[1]
+
+
 def reads_itself(name: str, site: Site) -> bool:
     """Whether the line at `site` names `name` at least twice (`h = rnn(x, h)`)."""
     return len(re.findall(rf"(?<![\w.]){re.escape(name)}(?![\w])", source_of(site))) >= 2
