@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 
 # Holders that outlive any graph: a storage they hold is not asked about again.
 _FIXED = frozenset({"parameter", "module buffer"})
-_storage_use_count = torch._C._storage_Use_Count
+# A storage's reference count: older CPU-only builds of torch register it with CUDA's module
+# only; without it, other tensors sharing a saved storage are not seen.
+_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 # A tensor's C++ reference count (PyTorch 2.13 has it); without it only Python holders are seen.
 _HAS_USE_COUNT = hasattr(torch.Tensor, "_use_count")
 
@@ -136,10 +138,11 @@ def holder_of(packed: list[PackedSaved], storage_key: int, holders: Holders) -> 
         reason = _held_outside(held, key, packs.get(key, 0), views_on.get(key, 0), holders)
         if reason:
             return reason
-    storage = next(iter(held.values())).untyped_storage()
-    # One reference per TensorImpl on the storage, plus `storage` itself here.
-    if _storage_use_count(storage._cdata) - 1 > len(held):
-        return "live tensor"
+    if _storage_use_count is not None:
+        storage = next(iter(held.values())).untyped_storage()
+        # One reference per TensorImpl on the storage, plus `storage` itself here.
+        if _storage_use_count(storage._cdata) - 1 > len(held):
+            return "live tensor"
     if holders.numpy_holds(storage_key):
         return "NumPy array"
     return ""
