@@ -182,11 +182,13 @@ def test_a_leaking_loop_shows_a_provisional_finding_within_a_few_refreshes():
     # GIVEN a 1,000-step loop that keeps every loss (and its graph) in a list
     seen, panel = _live_findings(keep=True)
     # WHEN the panel refreshes while it runs
-    first = next(i for i, (_, text) in enumerate(seen) if GROWING in text)
+    first = next(i for i, (steps, _) in enumerate(seen) if steps > WINDOW)
     # THEN the growth is said at the first refresh once WINDOW + 1 steps are done (then at
-    # every refresh), long before the loop ends
+    # every refresh), never before, and long before the loop ends (when that first refresh
+    # comes depends on the machine's load: it was step 21 on a busy CI machine)
     steps, text = seen[first]
-    assert steps <= WINDOW + 1 or seen[first - 1][0] <= WINDOW, [s for s, _ in seen[:20]]
+    assert GROWING in text, [s for s, _ in seen[:20]]
+    assert not any(GROWING in earlier for _, earlier in seen[:first])
     assert steps < STEPS // 10
     assert all(GROWING in later for _, later in seen[first:])
     # AND it says how much per step, which line builds what stays, and that this is provisional
