@@ -15,8 +15,8 @@ def correct_retained(
     sequence on; return the largest retained bytes among samples after `since_seq` (0 if none)."""
     starts = sorted(deltas)
     if starts:
-        seqs = [s.seq for s in timeline]
-        at = bisect.bisect_left(seqs, starts[0][0])
+        # A read per backward call: find the first sample to correct without a pass over all.
+        at = bisect.bisect_left(timeline, starts[0][0], key=_seq)
         applied, total = 0, 0
         for i in range(at, len(timeline)):
             sample = timeline[i]
@@ -36,3 +36,7 @@ def correct_retained(
 def delta_at(deltas: Sequence[tuple[int, int]], seq: int) -> int:
     """The total of the deltas that apply at `seq` (those first saved at or before it)."""
     return sum(delta for first, delta in deltas if first <= seq)
+
+
+def _seq(sample: TimelineSample) -> int:
+    return sample.seq
