@@ -12,7 +12,7 @@ import bisect
 import itertools
 from dataclasses import dataclass
 
-from autograd_magic.analysis.findings.lifetime import holder_group
+from autograd_magic.analysis.findings.lifetime import holder_group, stored_holder
 from autograd_magic.model.records import Site
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import cell_line
@@ -65,7 +65,7 @@ def _holder(trace: Trace, window: int) -> str | None:
     last loss is what any loop does, so it is not named."""
     roots = {r for call in trace.backward_calls[-window - 1 :] for r in call.root_ids}
     paths = [h.path for h in trace.holders if h.node_id in roots]
-    held = next((p for p in paths if "." in p or "[" in p), None)
+    held = stored_holder(paths)
     return None if held is None else holder_group(held)
 
 

@@ -362,17 +362,20 @@ def _inplace(f: Fact) -> str:
         else "Use the out-of-place form of the operation (inplace=False for a layer), or "
         "`.clone()` the tensor before writing to it."
     )
-    failed = f.detail.get("failed")
-    # When the backward already failed, its error says PyTorch's text: say why, not it again.
-    then = (
-        f"that is why the backward at line {failed} failed"
-        if failed is not None
-        else f"a backward through that graph will fail with {INPLACE_ERROR}"
-    )
     return (
         f"In-place `{f.detail['op']}` on `{f.holder}` at {at_line(f.line, f.reference)} changed "
-        f"a tensor that {_saved(f.detail['saved'])}; {then}. {advice}"
+        f"a tensor that {_saved(f.detail['saved'])}; {_then(f)}. {advice}"
     )
+
+
+def _then(f: Fact, why: str = "") -> str:
+    """What follows from a write to a saved tensor: why the backward that failed did (`why`
+    adds the reason), or that a backward through that graph will fail."""
+    failed = f.detail.get("failed")
+    # When the backward already failed, its error says PyTorch's text: say why, not it again.
+    if failed is not None:
+        return f"that is why the backward at line {failed} failed{why}"
+    return f"a backward through that graph will fail with {INPLACE_ERROR}"
 
 
 def _optimizer_step(f: Fact) -> str:
@@ -389,14 +392,7 @@ def _optimizer_step(f: Fact) -> str:
             f"{because(f.cause)}the next backward reaches back into that graph: {done}, so it "
             f"fails with {INPLACE_ERROR}. Detaching `{_carried_name(f.cause)}` fixes this too."
         )
-    failed = f.detail.get("failed")
-    # When the backward already failed, its error says PyTorch's text: say why, not it again.
-    then = (
-        f"that is why the backward at line {failed} failed: the graph it walks was built before "
-        "the step"
-        if failed is not None
-        else f"a backward through that graph will fail with {INPLACE_ERROR}"
-    )
+    then = _then(f, ": the graph it walks was built before the step")
     return (
         f"{done[0].upper()}{done[1:]}; {then}. The optimizer updated the weights while a "
         f"retained graph still needs their old values: run every backward before "

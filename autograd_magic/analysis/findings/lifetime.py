@@ -24,6 +24,12 @@ def holder_group(path: str) -> str:
     return path.split("[", 1)[0] if "[" in path else path
 
 
+def stored_holder(paths: list[str]) -> str | None:
+    """The first path that is a container element or an attribute (`losses[2]`, `crit.loss`):
+    the holder a user would miss, unlike a plain variable holding the latest result."""
+    return next((p for p in paths if "." in p or "[" in p), None)
+
+
 def root_name(trace: Trace, root_ids: tuple[int, ...]) -> str | None:
     """The user's path for the first of `root_ids` that a variable holds."""
     names = {h.node_id: h.path for h in trace.holders}
@@ -275,8 +281,7 @@ def _unused(trace: Trace, graph: RecordIndex, line: int, parts: list[set[int]], 
     own = [h.path for h in trace.holders if h.node_id in {n.id for n in at_line}]
     # An attribute or a container (`crit.loss` set in a forward) is the holder a user would miss.
     candidates = own or held
-    fallback = candidates[0] if candidates else None
-    path = next((p for p in held if "." in p or "[" in p), fallback)
+    path = stored_holder(held) or (candidates[0] if candidates else None)
     holder = None if path is None else holder_group(path)
     detail: dict[str, Any] = {
         "graphs": len(parts),
