@@ -15,6 +15,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
+#include <structmember.h>
 
 typedef struct {
     PyObject *code;       /* NULL: empty slot */
@@ -418,16 +419,136 @@ static PyObject *untrack(PyObject *Py_UNUSED(module), PyObject *record) {
     return record;
 }
 
+/* NodeTag(writer_ref, node_id): what `recorder.nodes` stores in an autograd node's metadata.
+ *
+ * The same contract as the pure-Python `nodes.NodeTag` (a tuple subclass): `tag[0]` is the
+ * writer's weak reference, `tag[1]` and `tag.node_id` the node's id, and when the C++ node is
+ * destroyed the tag's death calls `report(writer_ref, node_id)` (`nodes.report_node_death`).
+ *
+ * It is not a container the cycle collector knows: it holds only a weak reference (which holds
+ * nothing back) and an int, so it can never be part of a cycle. A Python tag is tracked, and so
+ * is the metadata dict it makes tracked; every live node of a graph then adds two objects that
+ * survive the young collections into the oldest generation, where their number triggers full
+ * collections of the user's whole heap (one every few steps of a loop of small ops). With this
+ * tag the metadata dict stays untracked too. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *writer_ref;
+    long long node_id;
+} NodeTag;
+
+static PyObject *REPORT_DEATH; /* nodes.report_node_death, set by set_death_reporter */
+
+static void NodeTag_dealloc(NodeTag *self) {
+    PyObject *report = REPORT_DEATH;
+    if (report != NULL && PyWeakref_GetObject(self->writer_ref) != Py_None) {
+        /* As CPython runs a `__del__`: the error state is kept, and what escapes the reporter
+         * (an interrupt on its first instruction) goes to the unraisable hook, whose filter
+         * (`deferred.took`) holds it and runs the reporter again. */
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyObject *id = PyLong_FromLongLong(self->node_id);
+        if (id != NULL) {
+            PyObject *args[2] = {self->writer_ref, id};
+            PyObject *result = PyObject_Vectorcall(report, args, 2, NULL);
+            Py_DECREF(id);
+            if (result == NULL) {
+                PyErr_WriteUnraisable(report);
+            }
+            Py_XDECREF(result);
+        } else {
+            PyErr_Clear();
+        }
+        PyErr_Restore(type, value, traceback);
+    }
+    Py_XDECREF(self->writer_ref);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject NodeTagType;
+
+static PyObject *new_node_tag(PyObject *Py_UNUSED(module), PyObject *const *args,
+                              Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "node_tag(writer_ref, node_id) takes two arguments");
+        return NULL;
+    }
+    long long node_id = PyLong_AsLongLong(args[1]);
+    if (node_id == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    NodeTag *tag = PyObject_New(NodeTag, &NodeTagType);
+    if (tag == NULL) {
+        return NULL;
+    }
+    tag->writer_ref = Py_NewRef(args[0]);
+    tag->node_id = node_id;
+    return (PyObject *)tag;
+}
+
+static Py_ssize_t NodeTag_length(PyObject *Py_UNUSED(self)) { return 2; }
+
+static PyObject *NodeTag_item(NodeTag *self, Py_ssize_t index) {
+    if (index == 0) {
+        return Py_NewRef(self->writer_ref);
+    }
+    if (index == 1) {
+        return PyLong_FromLongLong(self->node_id);
+    }
+    PyErr_SetString(PyExc_IndexError, "NodeTag index out of range");
+    return NULL;
+}
+
+static PySequenceMethods NodeTag_as_sequence = {
+    .sq_length = NodeTag_length,
+    .sq_item = (ssizeargfunc)NodeTag_item,
+};
+
+static PyMemberDef NodeTag_members[] = {
+    {"node_id", T_LONGLONG, offsetof(NodeTag, node_id), READONLY, "The node's id in its trace."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyObject *NodeTag_repr(NodeTag *self) {
+    return PyUnicode_FromFormat("NodeTag(node_id=%lld)", self->node_id);
+}
+
+static PyTypeObject NodeTagType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "autograd_magic._native.NodeTag",
+    .tp_basicsize = sizeof(NodeTag),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "An autograd node's tag: reports the node's death to its block's writer.",
+    .tp_dealloc = (destructor)NodeTag_dealloc,
+    .tp_repr = (reprfunc)NodeTag_repr,
+    .tp_as_sequence = &NodeTag_as_sequence,
+    .tp_members = NodeTag_members,
+};
+
+static PyObject *set_death_reporter(PyObject *Py_UNUSED(module), PyObject *report) {
+    Py_XSETREF(REPORT_DEATH, Py_NewRef(report));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"untrack", (PyCFunction)untrack, METH_O,
      "untrack(record): `record`, left out of the cycle collector's scans (it holds no cycle)."},
+    {"node_tag", (PyCFunction)(void (*)(void))new_node_tag, METH_FASTCALL,
+     "node_tag(writer_ref, node_id): a NodeTag (see nodes.NodeTag)."},
+    {"set_death_reporter", (PyCFunction)set_death_reporter, METH_O,
+     "set_death_reporter(report): called as report(writer_ref, node_id) when a tag dies."},
     {NULL, NULL, 0, NULL},
 };
 
 static int exec_module(PyObject *module) {
     STAND_IN_NAME = PyUnicode_InternFromString("autograd_magic_call");
     MODULE_NAME = PyUnicode_InternFromString("<module>");
-    if (STAND_IN_NAME == NULL || MODULE_NAME == NULL || PyType_Ready(&SiteCacheType) < 0) {
+    if (STAND_IN_NAME == NULL || MODULE_NAME == NULL || PyType_Ready(&SiteCacheType) < 0 ||
+        PyType_Ready(&NodeTagType) < 0) {
+        return -1;
+    }
+    Py_INCREF(&NodeTagType);
+    if (PyModule_AddObject(module, "NodeTag", (PyObject *)&NodeTagType) < 0) {
+        Py_DECREF(&NodeTagType);
         return -1;
     }
     Py_INCREF(&SiteCacheType);

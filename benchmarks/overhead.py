@@ -43,15 +43,6 @@ def variants(workload: Workload, steps: int) -> dict[str, Callable[[], None]]:
             with _profiler(workload.device):
                 step()
 
-    def tracked_pure() -> None:
-        # A/B of the compiled recorder: the same blocks with the pure-Python fallback (as
-        # AUTOGRAD_MAGIC_PURE_PYTHON=1 gives), in the same rounds.
-        compiled, native.NATIVE = native.NATIVE, None
-        try:
-            tracked()
-        finally:
-            native.NATIVE = compiled
-
     def tracked_loop() -> None:
         with autograd_magic.track():
             for _ in range(steps):
@@ -77,12 +68,26 @@ def variants(workload: Workload, steps: int) -> dict[str, Callable[[], None]]:
         "untracked": untracked,
         "tracked": tracked,
         "profiler": profiled,
-        "tracked_pure": tracked_pure,
+        "tracked_pure": pure_python(tracked),
         "tracked_loop": tracked_loop,
         "mechanism": mechanism,
         "mode_only": mode_only,
         "hooks_only": hooks_only,
     }
+
+
+def pure_python(run: Callable[[], None]) -> Callable[[], None]:
+    """`run` with the pure-Python recorder (as AUTOGRAD_MAGIC_PURE_PYTHON=1 gives): the A/B of
+    the compiled one, in the same rounds."""
+
+    def run_pure() -> None:
+        compiled, native.NATIVE = native.NATIVE, None
+        try:
+            run()
+        finally:
+            native.NATIVE = compiled
+
+    return run_pure
 
 
 class _EmptyMode(TorchFunctionMode):

@@ -1,4 +1,4 @@
-"""The suite's entry point: runs workloads 1-8, prints the table and rewrites BENCHMARKS.md.
+"""The suite's entry point: runs workloads 1-12, prints the table and rewrites BENCHMARKS.md.
 
 `python -m benchmarks [--quick] [--output PATH] [--only KEYS]`; `python benchmarks/run.py` works
 too. Hand-written analysis below the marker line of an existing BENCHMARKS.md is kept.
@@ -19,7 +19,7 @@ if __package__ in (None, ""):  # run as `python benchmarks/run.py`: make the pac
 
 import torch
 
-from benchmarks import accuracy, overhead, panel_cost, report, scale, workloads
+from benchmarks import accuracy, overhead, panel_cost, report, scale, script_loop, workloads
 from benchmarks.results import Row, skipped
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,6 +48,8 @@ class Plan:
     panel_rounds: int
     graph_sizes: tuple[int, ...]
     render_repeats: int
+    script_steps: int  # workload 12
+    script_rounds: int
     quick: bool
 
 
@@ -60,6 +62,8 @@ FULL = Plan(
     panel_rounds=9,
     graph_sizes=(1000, 10000),
     render_repeats=3,
+    script_steps=1000,
+    script_rounds=5,
     quick=False,
 )
 QUICK = Plan(
@@ -71,6 +75,8 @@ QUICK = Plan(
     panel_rounds=1,
     graph_sizes=(100, 300),
     render_repeats=1,
+    script_steps=3,
+    script_rounds=1,
     quick=True,
 )
 
@@ -105,6 +111,7 @@ def jobs(plan: Plan) -> list[tuple[str, Callable[[], list[Row]]]]:
         *((key, lambda build=build: [_overhead(build, plan)]) for key, build in cpu),
         ("11", lambda: _bert_row(plan)),
         ("5 8", lambda: _cuda_rows(plan)),
+        ("12", lambda: [script_loop.measure(plan.script_steps, plan.script_rounds)]),
         ("6", lambda: [scale.measure(plan.million_ops)]),
         (
             "7",

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ROW_KEYS = ("1", "2", "3", "4", "5", "6", "7a", "7b", "7c", "7d", "8", "9", "10", "11")
+ROW_KEYS = ("1", "2", "3", "4", "5", "6", "7a", "7b", "7c", "7d", "8", "9", "10", "11", "12")
 
 
 def _run_quick(output: Path) -> subprocess.CompletedProcess[str]:
@@ -43,7 +43,7 @@ def test_quick_suite_reports_every_workload(tmp_path: Path) -> None:
     for section in (
         "## Machine",
         "## Results",
-        "## Targets (issues 6, 12, 14)",
+        "## Targets (issues 6, 12, 14, 23)",
         "the mechanism alone",
         "the empty mode alone",
         "torch 2.",

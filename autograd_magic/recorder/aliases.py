@@ -98,6 +98,8 @@ class AliasTracker:
         table = self._live_saved
         key = packed.storage_key
         ref = weakref.ref(packed)
+        if self.writer.untrack is not None:
+            self.writer.untrack(ref)  # no callback: it holds nothing, so it is in no cycle
         entry = table.get(key)
         if entry is None:
             table[key] = ref

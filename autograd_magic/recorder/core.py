@@ -38,7 +38,12 @@ from autograd_magic.recorder.graph_holders import LiveHolderReading, noting_hold
 from autograd_magic.recorder.mode import INPLACE, KINDS, PLAIN, RecorderMode
 from autograd_magic.recorder.module_calls import ModuleTracker
 from autograd_magic.recorder.naming import frame_namespace
-from autograd_magic.recorder.nodes import NodeRecording, current_sequence_nr, grad_fn_of
+from autograd_magic.recorder.nodes import (
+    NodeRecording,
+    current_sequence_nr,
+    grad_fn_of,
+    tag_maker,
+)
 from autograd_magic.recorder.ops import OpKind, classify
 from autograd_magic.recorder.outside import HolderReading
 from autograd_magic.recorder.packing import SavedTensorRecording
@@ -88,6 +93,7 @@ class Recorder(
         self._in_call = False
         self._call_site: Site | None = None
         self._next_node_id = 1
+        self._new_tag = tag_maker()
         self._next_buffer_id = 1
         self._unowned: list[int] = []
         self._probe_hits: list[int] | None = None

@@ -26,7 +26,7 @@ def _load() -> tuple[ModuleType | None, str]:
         _native = importlib.import_module("autograd_magic._native")
     except ImportError as error:
         return None, f"pure Python (the compiled recorder was not built or does not load: {error})"
-    if _native.STAND_IN_NAME != STAND_IN_NAME or not hasattr(_native, "untrack"):
+    if _native.STAND_IN_NAME != STAND_IN_NAME or not hasattr(_native, "node_tag"):
         # a stale build from another version
         return None, "pure Python (the compiled recorder is stale: reinstall autograd_magic)"
     return _native, "compiled (autograd_magic._native)"

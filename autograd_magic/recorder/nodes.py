@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from autograd_magic.model.records import BlindspotKind, Site
 from autograd_magic.model.units import ACCUMULATE_GRAD
+from autograd_magic.recorder import native
 from autograd_magic.recorder.deferred import finalizer, hold
 from autograd_magic.recorder.saved import probe_saved
 from autograd_magic.recorder.sites import SiteFinder
@@ -50,6 +51,33 @@ class NodeTag(tuple):
                 hold(error)
 
 
+@finalizer
+def report_node_death(writer_ref: weakref.ref[TraceWriter], node_id: int) -> None:
+    """What the compiled tag (`_native.NodeTag`) calls when its node is destroyed."""
+    writer = writer_ref()
+    if writer is not None:
+        try:  # as NodeTag.__del__
+            writer.node_died(node_id)
+        except Exception:
+            pass
+        except BaseException as error:
+            hold(error)
+
+
+def _python_tag(writer_ref: weakref.ref[TraceWriter], node_id: int) -> Any:
+    return NodeTag((writer_ref, node_id))
+
+
+if native.NATIVE is not None:
+    native.NATIVE.set_death_reporter(report_node_death)
+
+
+def tag_maker() -> Callable[[weakref.ref[TraceWriter], int], Any]:
+    """`make(writer_ref, node_id)` for a new block: the compiled tag, which the cycle collector
+    does not track (see _native.c), or the pure-Python one, which it does."""
+    return _python_tag if native.NATIVE is None else native.NATIVE.node_tag
+
+
 class NodeRecording:
     """Mixin of `Recorder`: node discovery and buffer ownership (state set by its `__init__`)."""
 
@@ -60,6 +88,7 @@ class NodeRecording:
     _busy: int
     _call_site: Site | None
     _next_node_id: int
+    _new_tag: Callable[[weakref.ref[TraceWriter], int], Any]
     _unowned: list[int]
     _probe_hits: list[int] | None
     _sequence_start: int
@@ -109,7 +138,7 @@ class NodeRecording:
                 next_ids.append(tag[1])
         node_id = self._next_node_id
         self._next_node_id = node_id + 1
-        metadata[key] = NodeTag((self._writer_ref, node_id))
+        metadata[key] = self._new_tag(self._writer_ref, node_id)
         site = self._call_site or self._sites.here(3)
         writer = self.writer
         writer.op_node(node_id, type(node).__name__, site, tuple(next_ids))
@@ -127,7 +156,7 @@ class NodeRecording:
     def _discover(self, roots: list[Any], mark: int) -> None:
         """Tag every node reachable from `roots` that this trace has not seen; assign buffers."""
         writer = self.writer
-        key, writer_ref = self._key, self._writer_ref
+        key, writer_ref, new_tag = self._key, self._writer_ref, self._new_tag
         stack, found = list(roots), []
         while stack:
             node = stack.pop()
@@ -136,7 +165,7 @@ class NodeRecording:
                 continue
             node_id = self._next_node_id
             self._next_node_id += 1
-            metadata[key] = NodeTag((writer_ref, node_id))
+            metadata[key] = new_tag(writer_ref, node_id)
             next_functions = node.next_functions
             found.append((node, node_id, next_functions))
             for child, _ in next_functions:

@@ -87,6 +87,11 @@ class SavedTensorRecording:
             self.aliases.watch_saved(packed)
             self._unowned.append(buffer_id)
             writer.buffer_saved(buffer, packed.storage_key, packed.held_by)
+            if writer.untrack is not None:
+                # Only autograd's C++ slot and our weak references point at it: it can be in no
+                # cycle the collector could see, and tracked it would survive into the oldest
+                # generation with its graph, making the user's full collections come sooner.
+                writer.untrack(packed)
             return packed
         finally:
             self._busy -= 1

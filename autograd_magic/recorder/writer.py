@@ -44,10 +44,11 @@ class TraceWriter(EndStateWriting, ListenerCalling):
     def __init__(self, trace: Trace, locate: Callable[[int], Site] | None = None) -> None:
         self.trace = trace
         self.closed = False
-        # Records are left out of the cycle collector's scans where the compiled helper is there
-        # (`_native.untrack`: they hold no cycle, and a block's many records would otherwise make
-        # each of the user's collections walk them); the fallback keeps them tracked.
-        self._untrack: Callable[[object], object] | None = (
+        # Records (and the recorder's packed buffers and weak references) are left out of the
+        # cycle collector's scans where the compiled helper is there (`_native.untrack`: they
+        # hold no cycle, and a block's many records would otherwise make each of the user's
+        # collections walk them, and come sooner); the fallback keeps them tracked.
+        self.untrack: Callable[[object], object] | None = (
             None if native.NATIVE is None else native.NATIVE.untrack
         )
         # Where an event happened when it carries no site (a node dying): `locate(skip)`.
@@ -124,8 +125,8 @@ class TraceWriter(EndStateWriting, ListenerCalling):
             existed_before=existed_before,
             module=self.module,
         )
-        if self._untrack is not None:
-            self._untrack(record)
+        if self.untrack is not None:
+            self.untrack(record)
         trace.nodes.append(record)
         self._nodes[node_id] = record
 
@@ -140,8 +141,8 @@ class TraceWriter(EndStateWriting, ListenerCalling):
             trace.peak_live_nodes = live
         if len(trace.nodes) < trace.max_records:
             record = NodeRecord(node_id, name, seq, site, next_ids, module=self.module)
-            if self._untrack is not None:
-                self._untrack(record)
+            if self.untrack is not None:
+                self.untrack(record)
             trace.nodes.append(record)
             self._nodes[node_id] = record
         else:
@@ -212,8 +213,8 @@ class TraceWriter(EndStateWriting, ListenerCalling):
             trace.dropped_buffers += 1
         else:
             buffer.module = self.module
-            if self._untrack is not None:
-                self._untrack(buffer)
+            if self.untrack is not None:
+                self.untrack(buffer)
             trace.buffers.append(buffer)
             self._buffers[buffer.id] = buffer
         self.sample("buffer saved", buffer.saved_site)
@@ -312,8 +313,8 @@ class TraceWriter(EndStateWriting, ListenerCalling):
         """An alias or copy link (counted, not kept, beyond the record cap)."""
         trace = self.trace
         if len(trace.links) < trace.max_records:
-            if self._untrack is not None:
-                self._untrack(link)
+            if self.untrack is not None:
+                self.untrack(link)
             trace.links.append(link)
         else:
             trace.dropped_events += 1
@@ -322,8 +323,8 @@ class TraceWriter(EndStateWriting, ListenerCalling):
         """An in-place write; `what` labels its timeline sample (None: no sample)."""
         trace = self.trace
         if len(trace.version_bumps) < trace.max_records:
-            if self._untrack is not None:
-                self._untrack(bump)
+            if self.untrack is not None:
+                self.untrack(bump)
             trace.version_bumps.append(bump)
         else:
             trace.dropped_events += 1
@@ -380,8 +381,8 @@ class TraceWriter(EndStateWriting, ListenerCalling):
         sample = _new_sample(
             _SAMPLE, (trace.seq, trace.live_nodes, trace.retained_bytes, what, line)
         )
-        if self._untrack is not None:
-            self._untrack(sample)
+        if self.untrack is not None:
+            self.untrack(sample)
         timeline.append(sample)
         self._last_what, self._last_line = what, line
         if len(timeline) >= trace.max_timeline:
@@ -395,8 +396,8 @@ class TraceWriter(EndStateWriting, ListenerCalling):
             sample = _new_sample(
                 _SAMPLE, (self._run_seq, self._run_live, self._run_bytes, last.what, last.line)
             )
-            if self._untrack is not None:
-                self._untrack(sample)
+            if self.untrack is not None:
+                self.untrack(sample)
             timeline[-1] = sample
             self._run_open = False
 
