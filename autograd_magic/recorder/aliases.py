@@ -112,8 +112,16 @@ class AliasTracker:
             self._prune_saved()
 
     def live_saved_on(self, storage_key: int) -> list[PackedSaved]:
-        """The saved buffers autograd still holds on one storage."""
-        return [p for r in _refs(self._live_saved.get(storage_key)) if (p := r()) is not None]
+        """The saved buffers autograd still holds on one storage (the released ones' entries
+        go now: a parameter's storage is saved again each step of a loop, and written)."""
+        entry = self._live_saved.get(storage_key)
+        if type(entry) is not list:
+            packed = None if entry is None else entry()
+            return [] if packed is None else [packed]
+        live = [(r, p) for r in entry if (p := r()) is not None]
+        if len(live) < len(entry):
+            entry[:] = [r for r, _ in live]
+        return [p for _, p in live]
 
     def numpy_owner(self, storage_key: int) -> Any:
         """The NumPy array that owns a storage's memory, while it lives (else None)."""

@@ -134,14 +134,22 @@ def _carried_holder(trace: Trace, graph: RecordIndex, site: Site) -> str | None:
 def retained_graph(trace: Trace, graph: RecordIndex, cause: Fact | None) -> list[Fact]:
     """`retain_graph=True` calls whose kept buffers no later backward released; `cause` is the
     graph-growth fact that made them seem needed, when there is one."""
-    by_line: dict[int, list[BackwardCall]] = {}
-    for index, call in enumerate(trace.backward_calls):
+    retained: list[BackwardCall] = []
+    later: set[int] = set()  # nodes reached by the calls after the one looked at
+    for call in reversed(trace.backward_calls):
         # create_graph=True retains on purpose, for the backward through the gradients; and a
         # retained graph a later backward walked again (a GAN's generator step) was needed:
         # without a carried value behind it, what broke there is the cause, not the retain.
-        later = {n for c in trace.backward_calls[index + 1 :] for n in c.reached}
-        if call.retain_graph and not call.create_graph and (cause or not later & set(call.reached)):
-            by_line.setdefault(cell_line(call.site), []).append(call)
+        if (
+            call.retain_graph
+            and not call.create_graph
+            and (cause or later.isdisjoint(call.reached))
+        ):
+            retained.append(call)
+        later.update(call.reached)
+    by_line: dict[int, list[BackwardCall]] = {}
+    for call in reversed(retained):
+        by_line.setdefault(cell_line(call.site), []).append(call)
     facts = []
     for line, every in by_line.items():
         calls = [c for c in every if c.error is None and c.reached]
