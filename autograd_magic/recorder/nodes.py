@@ -19,7 +19,7 @@ from autograd_magic.model.records import BlindspotKind, Site
 from autograd_magic.model.units import ACCUMULATE_GRAD
 from autograd_magic.recorder import native
 from autograd_magic.recorder.deferred import finalizer, hold
-from autograd_magic.recorder.saved import probe_saved
+from autograd_magic.recorder.saved import may_own_saved, probe_saved
 from autograd_magic.recorder.sites import SiteFinder
 from autograd_magic.recorder.writer import NODES_CREATED, TraceWriter
 
@@ -194,7 +194,10 @@ class NodeRecording:
 
     def _assign_buffers(self, found: list[tuple[Any, int, Any]], mark: int, site: Site) -> None:
         unowned = self._unowned
-        nodes = [(n, i) for n, i, _ in found if type(n).__name__ != ACCUMULATE_GRAD]
+        # Only a node that may save can own buffers (not AccumulateGrad, nor the TBackward0
+        # that F.linear makes beside its AddmmBackward0): where one node of the op may, it owns
+        # all the op saved, as for an op that made one node.
+        nodes = [(n, i) for n, i, _ in found if may_own_saved(type(n))]
         if mark == 0 and len(nodes) == 1:
             self.writer.buffers_owned(unowned, nodes[0][1])
             unowned.clear()

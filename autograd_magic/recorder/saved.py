@@ -209,6 +209,21 @@ def saved_attribute_names(node_type: type) -> tuple[str, ...]:
     return names
 
 
+_MAY_SAVE: dict[type, bool] = {}
+
+
+def may_own_saved(node_type: type) -> bool:
+    """False for node types known to save no tensor: AccumulateGrad, and the nodes PyTorch
+    generates (`TBackward0`) whose saved attributes are all listed and none exists. A custom
+    C++ node lists none and may save: it counts as able to (cached per type)."""
+    answer = _MAY_SAVE.get(node_type)
+    if answer is None:
+        name = node_type.__name__
+        generated = name == "AccumulateGrad" or re.fullmatch(r"\w+Backward\d+", name) is not None
+        answer = _MAY_SAVE[node_type] = bool(saved_attribute_names(node_type)) or not generated
+    return answer
+
+
 # Node type -> the saved attributes worth touching: those seen holding no tensor (an int, a
 # Scalar, sizes) are dropped once seen, since a generated attribute's type never changes.
 _PROBED_ATTRS: dict[type, tuple[str, ...]] = {}
