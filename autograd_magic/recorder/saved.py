@@ -213,9 +213,12 @@ _MAY_SAVE: dict[type, bool] = {}
 
 
 def may_own_saved(node_type: type) -> bool:
-    """False for node types known to save no tensor: AccumulateGrad, and the nodes PyTorch
-    generates (`TBackward0`) whose saved attributes are all listed and none exists. A custom
-    C++ node lists none and may save: it counts as able to (cached per type)."""
+    """False for node types known to save no tensor: AccumulateGrad, the nodes PyTorch
+    generates with no saved attribute (`TBackward0`), and those whose every saved attribute a
+    probe found holding no tensor (`ViewBackward0` saves sizes). A custom C++ node lists none
+    and may save: it counts as able to."""
+    if _PROBED_ATTRS.get(node_type) == ():
+        return False
     answer = _MAY_SAVE.get(node_type)
     if answer is None:
         name = node_type.__name__
