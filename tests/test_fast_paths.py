@@ -218,3 +218,34 @@ def test_buffers_of_multi_node_ops_keep_their_owner_once_attributes_are_filtered
         owners.append(sorted(names.get(b.node_id, "") for b in trace.buffers))
         del out
     assert owners[0] == owners[1] and owners[0].count("AddmmBackward0") >= 2
+
+
+def test_a_3d_linear_gives_its_buffers_to_addmm_in_every_step(gc_disabled, monkeypatch):
+    """GIVEN F.linear on a 3-D input (view, addmm, view: several nodes, one of them saving)
+    tracked in three blocks, the first of which learns what each node type saves WHEN its
+    buffers are assigned THEN every block gives all of them to AddmmBackward0, the later ones
+    without reading saved attributes back through the unpack hook."""
+    import autograd_magic.recorder.nodes as nodes_module
+    import autograd_magic.recorder.saved as saved_module
+
+    saved_module._PROBED_ATTRS.clear()
+    probed: list[str] = []
+
+    def probe(node: object, hook: object) -> None:
+        probed.append(type(node).__name__)
+        saved_module.probe_saved(node, hook)
+
+    monkeypatch.setattr(nodes_module, "probe_saved", probe)
+    layer = nn.Linear(4, 3)
+    x = torch.randn(2, 5, 4, requires_grad=True)
+    owners, probes = [], []
+    for _ in range(3):
+        probed.clear()
+        with am.track() as trace:
+            out = layer(x * 2)
+        names = {n.id: n.name for n in trace.nodes}
+        owners.append([names.get(b.node_id, "") for b in trace.buffers])
+        probes.append(len(probed))
+        del out
+    assert owners == [["AddmmBackward0", "AddmmBackward0"]] * 3
+    assert probes[0] > 0 and probes[1:] == [0, 0]
