@@ -99,7 +99,7 @@ def _row(ops: int, s: Scale) -> Row:
             f"completes; {s.tracked_s:.1f} s tracked vs {s.untracked_s:.1f} s untracked "
             f"({ratio:.2f}x); recorder peak {s.peak_bytes / 1e6:.1f} MB"
         ),
-        target="completes; recorder memory <= 200 MB",
+        target="completes; recorder memory <= 100 MB",
         verdict=verdict(ok),
         details=[
             f"{ops // OPS_PER_ITERATION:,} iterations of `y = (x.sin() * 1.0001).sum()` "

@@ -213,3 +213,26 @@ def test_from_json_enforces_the_record_caps():
         am.Trace.from_json(_mutated(flood))
     with pytest.raises(ValueError, match="max_records"):
         am.Trace.from_json(_mutated(lambda d: d.update(max_records=10**12)))
+
+
+def test_findings_of_a_loaded_trace_do_not_depend_on_the_order_of_its_records():
+    """GIVEN a trace whose findings read buffers by node (graphs kept unused in a list, with a
+    retained graph) WHEN exported, its node and buffer lists reversed, and loaded THEN the
+    analysis words the same findings (records are looked up by id whatever their order)."""
+    from autograd_magic.views.wording import analyze
+
+    model = torch.nn.Linear(8, 8)
+    kept = []
+    with am.track() as trace:
+        for _ in range(3):
+            out = model(torch.randn(4, 8)).relu().sum()
+            kept.append(out)
+        loss = model(torch.randn(4, 8)).tanh().sum()
+        loss.backward(retain_graph=True)
+    document = json.loads(trace.to_json())
+    document["nodes"].reverse()
+    document["buffers"].reverse()
+    shuffled = am.Trace.from_json(json.dumps(document))
+    assert [f.message for f in analyze(shuffled)] == [f.message for f in analyze(trace)]
+    assert {f.kind for f in analyze(trace)} >= {"kept-alive", "retained-graph"}
+    del kept, loss

@@ -4,7 +4,9 @@ unused-graph (graphs no backward used)."""
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 from autograd_magic.analysis.findings.facts import Fact
@@ -146,6 +148,7 @@ def unused_graph(trace: Trace, graph: RecordIndex) -> list[Fact]:
     }
     children = {c for n in unused.values() for c in n.next_ids}
     roots = [n for n in unused.values() if n.id not in children]
+    del children  # at the record cap each of these sets and dicts is a few MB: one at a time
     fed_a_backward = {n.born_site for n in trace.nodes if n.reached_by is not None}
     facts = []
     for root in roots:
@@ -153,7 +156,8 @@ def unused_graph(trace: Trace, graph: RecordIndex) -> list[Fact]:
             fact = _leftover(trace, graph, root, unused)
             facts += [fact] if fact else []
     told = {i for f in facts for i in f.node_ids}  # a leftover's graphs are said once
-    unused = {i: n for i, n in unused.items() if i not in told}
+    if told:
+        unused = {i: n for i, n in unused.items() if i not in told}
     births = sorted(n.born_seq for n in trace.nodes)
     by_line: dict[int, list[set[int]]] = {}
     for part in _components(unused):
@@ -167,24 +171,48 @@ def unused_graph(trace: Trace, graph: RecordIndex) -> list[Fact]:
     return facts
 
 
-def _components(unused: dict[int, NodeRecord]) -> list[set[int]]:
-    """The unused nodes split into graphs: nodes joined by an edge belong to one graph."""
-    parent = {i: i for i in unused}
+def _components(unused: dict[int, NodeRecord]) -> Iterator[set[int]]:
+    """The unused nodes split into graphs (nodes joined by an edge belong to one graph), in
+    the order of their smallest node id, one set at a time: a loop of forwards it never
+    trained makes tens of thousands of them, and all at once they cost ~10 MB at the cap."""
+    parent: dict[int, int] = {}  # only nodes joined under another; a root is its own
 
     def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
+        root = i
+        while (up := parent.get(root, root)) != root:
+            root = up
+        while i != root:  # path compression
+            up = parent[i]
+            parent[i] = root
+            i = up
+        return root
 
     for node in unused.values():
         for child in node.next_ids:
             if child in unused:
-                parent[find(child)] = find(node.id)
-    parts: dict[int, set[int]] = {}
-    for i in unused:
-        parts.setdefault(find(i), set()).add(i)
-    return sorted(parts.values(), key=min)
+                below, above = find(child), find(node.id)
+                if below != above:
+                    parent[below] = above
+    ids = array("q", sorted(unused))
+    roots = array("q", map(find, ids))
+    parent.clear()
+    rank: dict[int, int] = {}  # a graph's root -> its place, in the order of smallest ids
+    for root in roots:
+        rank.setdefault(root, len(rank))
+    # Counting sort of the ids by graph: `members[starts[k]:starts[k + 1]]` is graph k.
+    starts = array("q", bytes(8 * (len(rank) + 1)))
+    for root in roots:
+        starts[rank[root] + 1] += 1
+    for k in range(len(rank)):
+        starts[k + 1] += starts[k]
+    fill, members = array("q", starts), array("q", bytes(8 * len(ids)))
+    for node_id, root in zip(ids, roots, strict=True):
+        k = rank[root]
+        members[fill[k]] = node_id
+        fill[k] += 1
+    del ids, roots, rank, fill
+    for k in range(len(starts) - 1):
+        yield set(members[starts[k] : starts[k + 1]])
 
 
 def _byproduct(graph: RecordIndex, part: set[int]) -> bool:
