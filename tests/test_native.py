@@ -2,7 +2,8 @@
 
 Every differential scenario runs tracked twice, with the extension and with the pure-Python
 fallback (`native.NATIVE` set aside, as `AUTOGRAD_MAGIC_PURE_PYTHON=1` does at import): the user
-sees the same results, errors and freeing order, and the traces' JSON is identical. CI builds the
+sees the same results, errors and freeing order, and the traces' JSON is identical; so are the
+traces every example notebook keeps, each side in a fresh process. CI builds the
 extension (`pip install -e .`), so there a missing build fails instead of skipping.
 """
 
@@ -14,6 +15,7 @@ import os
 import subprocess
 import sys
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,6 +29,7 @@ from autograd_magic.recorder import native
 pytestmark = pytest.mark.filterwarnings("ignore:Error detected in:UserWarning")
 
 COMPILED = native.NATIVE
+ROOT = Path(__file__).resolve().parent.parent
 needs_native = pytest.mark.skipif(
     COMPILED is None and not os.environ.get("CI"), reason=f"recorder: {native.STATUS}"
 )
@@ -103,6 +106,73 @@ def test_the_environment_variable_forces_the_pure_python_recorder(tmp_path):
     assert pure["status"].startswith("pure Python")
     assert compiled["status"].startswith("compiled")
     assert pure["trace"] == compiled["trace"]
+
+
+_EXAMPLES_SCRIPT = """
+import gc, json, random, sys
+import numpy as np, nbformat, torch
+from IPython.core.interactiveshell import InteractiveShell
+import autograd_magic as am
+from autograd_magic.recorder import native
+
+gc.disable()  # freeing moments are compared as users see them with gc off
+shell = InteractiveShell.instance()
+found, failed = {}, []
+for path in sys.argv[1:]:
+    shell.reset(new_session=True)
+    torch.manual_seed(0); random.seed(0); np.random.seed(0)
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type != "code":
+            continue
+        source = cell.source
+        if source.startswith("%%trackgraph"):  # no live panel: refreshes depend on the clock
+            source = source.replace("%%trackgraph", "%%trackgraph --no-live --text", 1)
+        result = shell.run_cell(source)
+        if not result.success and "raises-exception" not in cell.metadata.get("tags", []):
+            failed.append((path, source.splitlines()[0]))
+    found[path] = {}
+    for name, value in shell.user_ns.items():
+        if isinstance(value, am.Trace):
+            document = json.loads(value.to_json())
+            for buffer in document["buffers"]:
+                buffer["storage_key"] = 0  # a memory address
+            found[path][name] = document
+print("@@traces@@" + json.dumps({"status": native.STATUS, "failed": failed, "traces": found}))
+"""
+
+
+@needs_native
+def test_every_example_notebook_records_the_same_traces_with_and_without_the_extension(
+    tmp_path,
+):
+    """GIVEN every example notebook, its cells run in order (panels rendered at the end)
+    WHEN run in a fresh process with the compiled recorder and in one with the pure-Python one
+    THEN every trace the notebooks keep has the same JSON (storage addresses aside)."""
+    script = tmp_path / "examples.py"
+    script.write_text(_EXAMPLES_SCRIPT)
+    notebooks = sorted(str(p) for p in (ROOT / "examples").glob("*.ipynb"))
+
+    def run(pure: bool) -> dict:
+        env = {k: v for k, v in os.environ.items() if k != native.PURE_PYTHON_ENV}
+        env["PYTHONHASHSEED"] = "0"
+        if pure:
+            env[native.PURE_PYTHON_ENV] = "1"
+        out = subprocess.run(
+            [sys.executable, str(script), *notebooks],
+            env=env,
+            cwd=ROOT / "examples",
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return json.loads(out.stdout.split("@@traces@@", 1)[1])
+
+    compiled, pure = run(pure=False), run(pure=True)
+    assert compiled["status"].startswith("compiled") and pure["status"].startswith("pure")
+    assert compiled["failed"] == pure["failed"] == []
+    assert sum(len(t) for t in compiled["traces"].values()) >= 25
+    for notebook, traces in compiled["traces"].items():
+        assert traces == pure["traces"][notebook], notebook
 
 
 def _recorded_trace() -> am.Trace:
