@@ -970,3 +970,31 @@ def test_uninstall_removes_a_block_whose_exit_never_ran():
     assert torch.from_numpy is original_from_numpy
     assert torch.from_numpy(np.ones(2)).sum().item() == 2.0
     assert am.uninstall() == 0
+
+
+def test_tracking_leaves_autograd_sequence_numbers_as_they_are():
+    """GIVEN an op run untracked and the same op run in a block WHEN their nodes' sequence
+    numbers (what anomaly mode and profilers order nodes by) are compared to the thread's
+    counter before each THEN both nodes got the next number: the block made no node of its own
+    (it once took one with a probe node per block)."""
+    x = torch.ones(2, requires_grad=True)
+    peek = torch._C._autograd._get_sequence_nr
+    start = peek()
+    untracked = x * 2
+    offsets = [untracked.grad_fn._sequence_nr() - start]
+    start = peek()
+    with am.track():
+        tracked = x * 2
+    offsets.append(tracked.grad_fn._sequence_nr() - start)
+    assert offsets == [0, 0]
+
+
+def test_the_fallback_probe_reads_the_same_sequence_number(monkeypatch):
+    """GIVEN a torch without `_get_sequence_nr` (the probe node is used) WHEN the next number is
+    read THEN it is the one PyTorch's counter held (the probe took it; the counter moved on)."""
+    from autograd_magic.recorder import nodes
+
+    monkeypatch.setattr(nodes, "_peek_sequence_nr", None)
+    before = torch._C._autograd._get_sequence_nr()
+    assert nodes.current_sequence_nr() == before
+    assert torch._C._autograd._get_sequence_nr() == before + 1

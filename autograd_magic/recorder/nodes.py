@@ -232,11 +232,19 @@ def grad_fn_of(tensor: torch.Tensor) -> Any:
         return None
 
 
+# PyTorch's own read of the thread's counter (`at::sequence_number::peek`, torch >= 2.1).
+_peek_sequence_nr: Callable[[], int] | None = getattr(torch._C._autograd, "_get_sequence_nr", None)
+
+
 def current_sequence_nr() -> int:
     """The autograd sequence number the next node on this thread will get.
 
-    The probe is invisible to the user's function and dispatch modes and runs outside inference
-    mode (where it would make no node)."""
+    Read from PyTorch's counter where it exposes it; else a probe node takes the number (and
+    the next node gets the one after, as any node the user made would). The probe is invisible
+    to the user's function and dispatch modes and runs outside inference mode (where it would
+    make no node)."""
+    if _peek_sequence_nr is not None:
+        return _peek_sequence_nr()
     if (
         torch._C._len_torch_dispatch_stack() == 0
         and torch.is_grad_enabled()
