@@ -473,6 +473,10 @@ static PyObject *new_node_tag(PyObject *Py_UNUSED(module), PyObject *const *args
         PyErr_SetString(PyExc_TypeError, "node_tag(writer_ref, node_id) takes two arguments");
         return NULL;
     }
+    if (!PyWeakref_CheckRef(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "node_tag: writer_ref must be a weak reference");
+        return NULL;
+    }
     long long node_id = PyLong_AsLongLong(args[1]);
     if (node_id == -1 && PyErr_Occurred()) {
         return NULL;
