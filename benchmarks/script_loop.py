@@ -58,6 +58,10 @@ def script(steps: int) -> Callable[[], None]:
     return run
 
 
+def _count(n: float, noun: str) -> str:
+    return f"{n:.0f} {noun}" + ("" if round(n) == 1 else "s")
+
+
 class _CollectorClock:
     """Seconds spent in the cycle collector while installed (gc.callbacks)."""
 
@@ -116,7 +120,7 @@ def measure(steps: int = 1000, rounds: int = 5) -> Row:
     def collector(name: str) -> str:
         return (
             f"{name} {median(name, 0):.2f} s, of it {median(name, 1) * 1e3:.0f} ms in the "
-            f"collector ({median(name, 2):.0f} full collections)"
+            f"collector ({_count(median(name, 2), 'full collection')})"
         )
 
     ours = ratio["tracked"]
