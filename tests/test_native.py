@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import weakref
 from pathlib import Path
 
@@ -241,3 +242,40 @@ def test_a_live_tracked_graph_leaves_the_users_collections_as_rare_as_they_were(
     assert _collector_objects_per_node() < 3
     monkeypatch.setattr(native, "NATIVE", None)
     assert _collector_objects_per_node() > 7
+
+
+_FALLBACK_SCRIPT = """
+import torch, autograd_magic as am
+from autograd_magic.recorder import native
+with am.track() as trace:
+    (torch.ones(2, requires_grad=True) * 2).sum().backward()
+print(native.STATUS.split(" (")[0], trace.nodes_created, am.__file__, sep="|")
+"""
+
+
+def test_an_install_without_a_compiler_works_with_one_warning(tmp_path):
+    """GIVEN a machine whose C compiler fails WHEN the package is installed (`pip install .`)
+    THEN the install succeeds without the extension, and importing it warns once and records
+    with the pure-Python recorder."""
+    target = tmp_path / "target"
+    env = dict(os.environ, CC="/bin/false", CXX="/bin/false")
+    env.pop(native.PURE_PYTHON_ENV, None)
+    install = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target)]
+    done = subprocess.run(
+        [*install, str(ROOT)], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not list((target / "autograd_magic").glob("_native*.so"))
+    # -S: no .pth files, so an editable install of this checkout cannot supply the extension.
+    path = os.pathsep.join([str(target), sysconfig.get_paths()["purelib"]])
+    run = subprocess.run(
+        [sys.executable, "-S", "-W", "default", "-c", _FALLBACK_SCRIPT],
+        env=dict(env, PYTHONPATH=path),
+        cwd=tmp_path,  # not the checkout: `-c` puts the working directory first on the path
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    status, nodes, where = run.stdout.strip().split("|")
+    assert (status, nodes) == ("pure Python", "3") and where.startswith(str(target))
+    assert run.stderr.count("compiled recorder is not in use") == 1, run.stderr
