@@ -267,6 +267,13 @@ class TraceWriter(EndStateWriting, ListenerCalling):
         since it was saved (its samples are corrected), an older one changes from now."""
         self.flush()
         trace = self.trace
+        if not changes:
+            # No sample to correct: the running peak (raised only past the corrected one since
+            # the last read) is the corrected peak as it stands.
+            self._peak_at_read = trace.peak_retained_bytes
+            self.new_storages.clear()
+            self.read_seq = trace.seq
+            return
         deltas: list[tuple[int, int]] = []
         for key, (held_by, buffer_ids) in changes.items():
             nbytes = self._storage_bytes.get(key)
