@@ -151,15 +151,21 @@ def _interrupt_then_free(holder: list) -> None:
     collections.deque(map(operator.methodcaller("__call__"), calls), maxlen=0)
 
 
-def test_an_interrupt_landing_in_a_finalizer_is_raised_by_the_next_torch_call():
-    """GIVEN a tracked graph freed just as an interrupt arrives (it lands in our finalizer)
+@pytest.mark.parametrize(
+    "make",
+    [torch.exp, lambda x: x + 1],
+    ids=["a node and a saved buffer", "a node tag alone (saves nothing)"],
+)
+def test_an_interrupt_landing_in_a_finalizer_is_raised_by_the_next_torch_call(make):
+    """GIVEN a tracked graph freed just as an interrupt arrives (it lands in our finalizer: the
+    saved buffer's, or the node tag's when the node saved nothing)
     WHEN the block makes its next torch call
     THEN that call raises the KeyboardInterrupt, nothing is printed as ignored, and the trace
     still saw the graph die."""
     x = torch.ones(3, requires_grad=True)
     reached = []
     with _usr1_interrupts(), pytest.raises(KeyboardInterrupt), am.track() as trace:
-        holder = [x.exp()]
+        holder = [make(x)]
         _interrupt_then_free(holder)
         reached.append("after the free")
         torch.ones(1)
