@@ -255,8 +255,8 @@ print(native.STATUS.split(" (")[0], trace.nodes_created, am.__file__, sep="|")
 
 def test_an_install_without_a_compiler_works_with_one_warning(tmp_path):
     """GIVEN a machine whose C compiler fails WHEN the package is installed (`pip install .`)
-    THEN the install succeeds without the extension, and importing it warns once and records
-    with the pure-Python recorder."""
+    THEN the install succeeds without the extension, and importing it warns once, at the user's
+    import, and records with the pure-Python recorder."""
     target = tmp_path / "target"
     env = dict(os.environ, CC="/bin/false", CXX="/bin/false")
     env.pop(native.PURE_PYTHON_ENV, None)
@@ -279,3 +279,5 @@ def test_an_install_without_a_compiler_works_with_one_warning(tmp_path):
     status, nodes, where = run.stdout.strip().split("|")
     assert (status, nodes) == ("pure Python", "3") and where.startswith(str(target))
     assert run.stderr.count("compiled recorder is not in use") == 1, run.stderr
+    # On the user's import line (line 2 of the script), not on a line of the package.
+    assert "<string>:2: RuntimeWarning: autograd_magic's compiled recorder" in run.stderr

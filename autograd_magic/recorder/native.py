@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import warnings
 from types import ModuleType
 
@@ -32,11 +33,27 @@ def _load() -> tuple[ModuleType | None, str]:
     return _native, "compiled (autograd_magic._native)"
 
 
+def _importer_level() -> int:
+    """The `stacklevel` of the first frame outside this package: the user's `import
+    autograd_magic` (or `%load_ext`), where the warning belongs. The import machinery's frames
+    are not counted: `warnings` skips them itself."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    level, frame = 2, sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not ("importlib" in name and "_bootstrap" in name):
+            if not name.startswith(package):
+                break
+            level += 1
+        frame = frame.f_back  # type: ignore[assignment]
+    return level
+
+
 NATIVE, STATUS = _load()
 if NATIVE is None and "not built" in STATUS:
     warnings.warn(
         f"autograd_magic's compiled recorder is not in use: {STATUS}. Recording works and gives "
         "the same traces, only slower; reinstall with a C compiler to get it back.",
         RuntimeWarning,
-        stacklevel=2,
+        stacklevel=_importer_level(),
     )
