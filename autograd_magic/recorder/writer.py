@@ -267,13 +267,6 @@ class TraceWriter(EndStateWriting, ListenerCalling):
         since it was saved (its samples are corrected), an older one changes from now."""
         self.flush()
         trace = self.trace
-        if not changes:
-            # No sample to correct: the running peak (raised only past the corrected one since
-            # the last read) is the corrected peak as it stands.
-            self._peak_at_read = trace.peak_retained_bytes
-            self.new_storages.clear()
-            self.read_seq = trace.seq
-            return
         deltas: list[tuple[int, int]] = []
         for key, (held_by, buffer_ids) in changes.items():
             nbytes = self._storage_bytes.get(key)
@@ -293,9 +286,17 @@ class TraceWriter(EndStateWriting, ListenerCalling):
             first = self.new_storages.get(key)
             if delta and first is not None:
                 deltas.append((first, delta))
-        peak = max(trace.retained_bytes, correct_retained(trace.timeline, deltas, self.read_seq))
-        if self._segment_peak_seq > self.read_seq:  # the running peak was reached since
-            peak = max(peak, trace.peak_retained_bytes + delta_at(deltas, self._segment_peak_seq))
+        if deltas:
+            peak = correct_retained(trace.timeline, deltas, self.read_seq)
+            if self._segment_peak_seq > self.read_seq:  # the running peak was reached since
+                peak = max(
+                    peak, trace.peak_retained_bytes + delta_at(deltas, self._segment_peak_seq)
+                )
+        else:
+            # No sample to correct: those since the last read are all under the running peak,
+            # which rose only past the corrected one since.
+            peak = trace.peak_retained_bytes
+        peak = max(peak, trace.retained_bytes)
         trace.peak_retained_bytes = self._peak_at_read = max(self._peak_at_read, peak)
         self.new_storages.clear()
         self.read_seq = trace.seq
