@@ -145,10 +145,9 @@ class AliasTracker:
         silent: list[int] = []
         if self.writer.live_buffers <= 0:  # nothing saved is alive: no buffer to look up
             return failing, silent
-        for ref in _refs(self._live_saved.get(storage_of(tensor)[0])):
-            packed = ref()
+        for packed in self.live_saved_on(storage_of(tensor)[0]):
             # Buffers with a later id were saved by the writing op itself (relu_ saves its output).
-            if packed is None or packed.buffer_id > saved_before:
+            if packed.buffer_id > saved_before:
                 continue
             unchanged = packed.tensor._version == packed.version
             (silent if unchanged else failing).append(packed.buffer_id)
