@@ -11,6 +11,7 @@ collector took is reported per variant.
 from __future__ import annotations
 
 import gc
+import statistics
 import time
 from collections.abc import Callable
 
@@ -22,7 +23,7 @@ import autograd_magic
 from autograd_magic.recorder import native
 from benchmarks.overhead import pure_python
 from benchmarks.results import Row, verdict
-from benchmarks.timing import ratio_of
+from benchmarks.timing import interleave, ratios
 
 TARGET = 1.5
 DETAILS = (
@@ -78,7 +79,7 @@ class _CollectorClock:
             self.full += info["generation"] == 2
 
 
-def _timed(run: Callable[[], None], clock: _CollectorClock) -> tuple[float, float, int]:
+def _timed(run: Callable[[], object], clock: _CollectorClock) -> tuple[float, float, int]:
     gc.collect()  # untimed: each sample starts from the same heap
     before_s, before_full = clock.seconds, clock.full
     start = time.perf_counter()
@@ -99,23 +100,13 @@ def measure(steps: int = 1000, rounds: int = 5) -> Row:
     gc.callbacks.append(clock)
     try:
         script(2)()  # warm-up
-        samples: dict[str, list[tuple[float, float, int]]] = {name: [] for name in variants}
-        names = list(variants)
-        for index in range(rounds):
-            shift = index % len(names)
-            for name in names[shift:] + names[:shift]:
-                samples[name].append(_timed(variants[name], clock))
+        samples = interleave(variants, rounds, 0, timer=lambda run: _timed(run, clock))
     finally:
         gc.callbacks.remove(clock)
-    base = [s[0] for s in samples["untracked"]]
-    ratio = {
-        name: ratio_of([s[0] / b for s, b in zip(samples[name], base, strict=True)])
-        for name in ("tracked", "tracked_pure")
-    }
+    ratio = ratios({name: [s[0] for s in runs] for name, runs in samples.items()}, "untracked")
 
     def median(name: str, field: int) -> float:
-        values = sorted(s[field] for s in samples[name])
-        return values[len(values) // 2]
+        return statistics.median_high(s[field] for s in samples[name])
 
     def collector(name: str) -> str:
         return (

@@ -12,6 +12,9 @@ import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, TypeVar, overload
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -50,19 +53,38 @@ def time_once(run: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
+@overload
 def interleave(
     variants: Mapping[str, Callable[[], object]], rounds: int, warmup: int
-) -> dict[str, list[float]]:
-    """Seconds per call of each variant, one call of each per round, order rotating per round."""
+) -> dict[str, list[float]]: ...
+
+
+@overload
+def interleave(
+    variants: Mapping[str, Callable[[], object]],
+    rounds: int,
+    warmup: int,
+    timer: Callable[[Callable[[], object]], T],
+) -> dict[str, list[T]]: ...
+
+
+def interleave(
+    variants: Mapping[str, Callable[[], object]],
+    rounds: int,
+    warmup: int,
+    timer: Callable[[Callable[[], object]], Any] = time_once,
+) -> dict[str, list[Any]]:
+    """`timer(variant)` (seconds per call by default) of each variant, one call of each per
+    round, order rotating per round."""
     names = list(variants)
     for _ in range(warmup):
         for name in names:
             variants[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
+    times: dict[str, list[Any]] = {name: [] for name in names}
     for index in range(rounds):
         shift = index % len(names)
         for name in names[shift:] + names[:shift]:
-            times[name].append(time_once(variants[name]))
+            times[name].append(timer(variants[name]))
     return times
 
 
