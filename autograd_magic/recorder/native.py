@@ -16,6 +16,7 @@ import warnings
 from types import ModuleType
 
 from autograd_magic.recorder.caller import STAND_IN_NAME
+from autograd_magic.recorder.frames import PACKAGE_DIR
 
 PURE_PYTHON_ENV = "AUTOGRAD_MAGIC_PURE_PYTHON"
 
@@ -37,12 +38,11 @@ def _importer_level() -> int:
     """The `stacklevel` of the first frame outside this package: the user's `import
     autograd_magic` (or `%load_ext`), where the warning belongs. The import machinery's frames
     are not counted: `warnings` skips them itself."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
     level, frame = 2, sys._getframe(2)
     while frame is not None:
         name = frame.f_code.co_filename
         if not ("importlib" in name and "_bootstrap" in name):
-            if not name.startswith(package):
+            if not name.startswith(PACKAGE_DIR):
                 break
             level += 1
         frame = frame.f_back  # type: ignore[assignment]
