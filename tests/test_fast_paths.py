@@ -77,7 +77,6 @@ def test_fast_op_path_records_the_same_as_the_general_path(gc_disabled, monkeypa
     fast = _record()
     no_fast_ops = _NoFastOps()
     monkeypatch.setattr(mode_module, "PLAIN", no_fast_ops)
-    monkeypatch.setattr(recorder_module, "PLAIN", no_fast_ops)
     general = _record()
     assert general == fast
 

@@ -35,7 +35,7 @@ from autograd_magic.recorder.blind_spots import BlindSpotHandling
 from autograd_magic.recorder.caller import CallerStandIns, StandIn
 from autograd_magic.recorder.deferred import take
 from autograd_magic.recorder.graph_holders import LiveHolderReading, noting_holders
-from autograd_magic.recorder.mode import INPLACE, KINDS, PLAIN, RecorderMode
+from autograd_magic.recorder.mode import KINDS, RecorderMode, kind_of
 from autograd_magic.recorder.module_calls import ModuleTracker
 from autograd_magic.recorder.naming import frame_namespace
 from autograd_magic.recorder.nodes import (
@@ -44,7 +44,7 @@ from autograd_magic.recorder.nodes import (
     grad_fn_of,
     tag_maker,
 )
-from autograd_magic.recorder.ops import OpKind, classify
+from autograd_magic.recorder.ops import OpKind
 from autograd_magic.recorder.outside import HolderReading
 from autograd_magic.recorder.packing import SavedTensorRecording
 from autograd_magic.recorder.sites import SiteFinder, site_of_traceback
@@ -275,11 +275,7 @@ class Recorder(
         __tracebackhide__ = True
         entry = self._kinds.get(func)
         if entry is None:
-            entry = self._kinds[func] = classify(func)
-            if entry[0] is OpKind.PLAIN:
-                PLAIN.add(func)
-            elif entry[0] is OpKind.INPLACE:
-                INPLACE.add(func)
+            entry = kind_of(func)
         kind, name = entry
         if self._busy:
             return func(*args, **kwargs)
@@ -358,7 +354,7 @@ class Recorder(
         __tracebackhide__ = True
         entry = self._kinds.get(func)
         if entry is None:
-            entry = self._kinds[func] = classify(func)
+            entry = kind_of(func)
         if entry[0] is not OpKind.PLAIN or self._busy or "out" in kwargs:
             # Writes and backward interleave their bookkeeping with the call: recorded as usual
             # (the subclass may see the recorder's reads there).

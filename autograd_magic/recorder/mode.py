@@ -15,7 +15,7 @@ import torch
 
 from autograd_magic.recorder import install
 from autograd_magic.recorder.deferred import pending, raise_pending
-from autograd_magic.recorder.ops import OpKind
+from autograd_magic.recorder.ops import OpKind, classify
 from autograd_magic.recorder.tracebacks import hide_dispatch
 
 # What each torch function does depends only on the function: classified once per process.
@@ -29,6 +29,19 @@ _frame = sys._getframe
 _grad_enabled = torch.is_grad_enabled
 _gettrace = sys.gettrace
 _getprofile = sys.getprofile
+
+
+def kind_of(func: Any) -> tuple[OpKind, str]:
+    """What `func` does, classified the first time it is seen (whichever path sees it): its
+    kind and name, and PLAIN or INPLACE learn it for the mode's fast paths."""
+    entry = KINDS.get(func)
+    if entry is None:
+        entry = KINDS[func] = classify(func)
+        if entry[0] is OpKind.PLAIN:
+            PLAIN.add(func)
+        elif entry[0] is OpKind.INPLACE:
+            INPLACE.add(func)
+    return entry
 
 
 def plain_call(func: Any, args: tuple, kwargs: dict | None = None) -> Any:
