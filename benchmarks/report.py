@@ -106,6 +106,11 @@ def targets(rows: list[Row]) -> list[tuple[str, str, str]]:
             _all_met(pick("2", "3", "4", "9", "10", "11")),
         ),
         ("5 CNN on CUDA", "<= 1.10x", _all_met(pick("5"))),
+        (
+            "13 BERT-base, 14 GPT-2 small, 15 small BERT on CUDA",
+            "<= 1.15x (issue 23)",
+            _all_met(pick("13", "14", "15")),
+        ),
         ("12 1,000-step LSTM script, collector on", "<= 1.5x (issue 23)", _all_met(pick("12"))),
         (
             "every workload",

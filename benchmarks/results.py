@@ -14,6 +14,10 @@ RATIO_TARGETS: dict[str, float] = {  # issue 14: real training steps within 1.10
     "9": 1.10,
     "10": 1.10,
     "11": 1.10,
+    # issue 23: Hugging Face models on CUDA
+    "13": 1.15,
+    "14": 1.15,
+    "15": 1.15,
 }
 MEMORY_TARGET_BYTES = 100 * 10**6  # issue 23 (issue 6 asked 200 MB)
 PANEL_SHARE_TARGET = 0.05

@@ -1,4 +1,4 @@
-"""The suite's entry point: runs workloads 1-12, prints the table and rewrites BENCHMARKS.md.
+"""The suite's entry point: runs workloads 1-15, prints the table and rewrites BENCHMARKS.md.
 
 `python -m benchmarks [--quick] [--output PATH] [--only KEYS]`; `python benchmarks/run.py` works
 too. Hand-written analysis below the marker line of an existing BENCHMARKS.md is kept.
@@ -55,8 +55,14 @@ class Plan:
 
 FULL = Plan(
     warmup=2,
-    rounds={"1": 21, "2": 21, "3": 21, "4": 15, "5": 31, "9": 11, "10": 3, "11": 11},
-    steps={"1": 2, "2": 10, "3": 2, "4": 1, "5": 5, "9": 1, "10": 1000, "11": 1},
+    rounds={
+        **{"1": 21, "2": 21, "3": 21, "4": 15, "5": 31, "9": 11, "10": 3, "11": 11},
+        **{"13": 11, "14": 11, "15": 11},
+    },
+    steps={
+        **{"1": 2, "2": 10, "3": 2, "4": 1, "5": 5, "9": 1, "10": 1000, "11": 1},
+        **{"13": 2, "14": 2, "15": 4},
+    },
     million_ops=1_000_000,
     panel_steps=60,
     panel_rounds=9,
@@ -68,8 +74,8 @@ FULL = Plan(
 )
 QUICK = Plan(
     warmup=0,
-    rounds=dict.fromkeys(["1", "2", "3", "4", "5", "9", "10", "11"], 1),
-    steps=dict.fromkeys(["1", "2", "3", "4", "5", "9", "10", "11"], 1),
+    rounds=dict.fromkeys(["1", "2", "3", "4", "5", "9", "10", "11", "13", "14", "15"], 1),
+    steps=dict.fromkeys(["1", "2", "3", "4", "5", "9", "10", "11", "13", "14", "15"], 1),
     million_ops=4_000,
     panel_steps=2,
     panel_rounds=1,
@@ -100,8 +106,37 @@ def _cuda_rows(plan: Plan) -> list[Row]:
         return [
             skipped("5", "CNN training step on CUDA", NO_GPU, "<= 1.10x", CUDA_CNN),
             skipped("8", "retained_bytes accuracy (CUDA)", NO_GPU, "within 1%", ACCURACY),
+            *_hugging_face_cuda_skipped(NO_GPU),
         ]
-    return [_overhead(workloads.cuda_cnn, plan), accuracy.measure(plan.quick)]
+    return [
+        _overhead(workloads.cuda_cnn, plan),
+        accuracy.measure(plan.quick),
+        *_hugging_face_cuda_rows(plan),
+    ]
+
+
+def _hugging_face_cuda_skipped(why: str) -> list[Row]:
+    return [
+        skipped(
+            key,
+            title,
+            why,
+            "<= 1.15x",
+            f"would run: {title[: -len(' on CUDA')]}, {layers} "
+            f"layers, hidden {hidden}, batch {batch} x {tokens}, AdamW",
+        )
+        for key, title, _, layers, hidden, _, batch, tokens in workloads.HUGGING_FACE_CUDA
+    ]
+
+
+def _hugging_face_cuda_rows(plan: Plan) -> list[Row]:
+    rows = []
+    for key, *_ in workloads.HUGGING_FACE_CUDA:
+        workload = workloads.hugging_face_cuda(key, plan.quick)
+        if workload is None:
+            return _hugging_face_cuda_skipped("skipped: transformers not installed")
+        rows.append(overhead.measure(workload, plan.rounds[key], plan.warmup, plan.steps[key]))
+    return rows
 
 
 def jobs(plan: Plan) -> list[tuple[str, Callable[[], list[Row]]]]:
@@ -110,7 +145,7 @@ def jobs(plan: Plan) -> list[tuple[str, Callable[[], list[Row]]]]:
     return [
         *((key, lambda build=build: [_overhead(build, plan)]) for key, build in cpu),
         ("11", lambda: _bert_row(plan)),
-        ("5 8", lambda: _cuda_rows(plan)),
+        ("5 8 13 14 15", lambda: _cuda_rows(plan)),
         ("12", lambda: [script_loop.measure(plan.script_steps, plan.script_rounds)]),
         ("6", lambda: [scale.measure(plan.million_ops)]),
         (

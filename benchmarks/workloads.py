@@ -214,6 +214,58 @@ def bert(quick: bool = False) -> Workload | None:
     return Workload("11", "BERT training step (Hugging Face)", details, step)
 
 
+# Issue 23's CUDA rows: (key, title, model family, layers, hidden, heads, batch, tokens).
+HUGGING_FACE_CUDA: tuple[tuple[str, str, str, int, int, int, int, int], ...] = (
+    ("13", "BERT-base training step on CUDA", "bert", 12, 768, 12, 16, 128),
+    ("14", "GPT-2 small training step on CUDA", "gpt2", 12, 768, 12, 8, 256),
+    ("15", "small BERT training step on CUDA", "bert", 4, 128, 4, 8, 64),
+)
+
+
+def hugging_face_cuda(key: str, quick: bool = False) -> Workload | None:
+    """A Hugging Face model from a random config (no download) trained on CUDA with AdamW, as
+    issue 23 measured it: the step ends with a synchronize. None without `transformers`."""
+    try:
+        import transformers
+    except ImportError:
+        return None
+    _, title, family, layers, hidden, heads, batch, tokens = next(
+        row for row in HUGGING_FACE_CUDA if row[0] == key
+    )
+    if quick:
+        layers, hidden, heads, batch, tokens = 1, 32, 2, 2, 8
+    torch.manual_seed(0)
+    if family == "bert":
+        vocab = transformers.BertConfig().vocab_size
+        config = transformers.BertConfig(
+            num_hidden_layers=layers,
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            intermediate_size=4 * hidden,
+        )
+        model = transformers.BertForMaskedLM(config)
+    else:
+        vocab = transformers.GPT2Config().vocab_size
+        config = transformers.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads)
+        model = transformers.GPT2LMHeadModel(config)
+    model = model.cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, vocab, (batch, tokens), device="cuda")
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        torch.cuda.synchronize()
+
+    details = (
+        f"Hugging Face {type(model).__name__} (random config), {layers} layers, hidden {hidden}, "
+        f"batch {batch} x {tokens} tokens, AdamW, on {gpu_name()}; transformers "
+        f"{transformers.__version__}"
+    )
+    return Workload(key, title, details, step, device="cuda")
+
+
 def long_loop(quick: bool = False) -> Workload:
     """A small model's training step, timed as 1,000 steps in one block (a cell holding a long
     loop): per-event cost must not grow with the block."""

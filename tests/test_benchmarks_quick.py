@@ -11,7 +11,26 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ROW_KEYS = ("1", "2", "3", "4", "5", "6", "7a", "7b", "7c", "7d", "8", "9", "10", "11", "12")
+ROW_KEYS = (
+    "1",
+    "2",
+    "3",
+    "4",
+    "5",
+    "6",
+    "7a",
+    "7b",
+    "7c",
+    "7d",
+    "8",
+    "9",
+    "10",
+    "11",
+    "12",
+    "13",
+    "14",
+    "15",
+)
 
 
 def _run_quick(output: Path) -> subprocess.CompletedProcess[str]:
