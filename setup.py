@@ -1,5 +1,5 @@
-"""Builds the optional compiled recorder (autograd_magic/_native.c, _events.c); everything else
-is in pyproject.toml.
+"""Builds the optional compiled recorder (autograd_magic/_native.c); everything else is in
+pyproject.toml.
 
 The extension is optional: where it cannot be compiled (no compiler, no Python headers, an
 unusual platform) the install goes on without it, says so in one warning, and autograd_magic
@@ -44,8 +44,7 @@ setup(
     ext_modules=[
         Extension(
             "autograd_magic._native",
-            sources=["autograd_magic/_native.c", "autograd_magic/_events.c"],
-            depends=["autograd_magic/_native.h"],
+            sources=["autograd_magic/_native.c"],
             optional=True,
         )
     ],

@@ -12,7 +12,8 @@
  * references to the code objects in its keys (never a frame: frames hold the user's locals), so
  * an address in the table cannot be reused while cached.
  */
-#include "_native.h"
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
 #include <frameobject.h>
 #include <structmember.h>
 
@@ -440,11 +441,7 @@ static PyObject *REPORT_DEATH; /* nodes.report_node_death, set by set_death_repo
 
 static void NodeTag_dealloc(NodeTag *self) {
     PyObject *report = REPORT_DEATH;
-    PyObject *writer = PyWeakref_GetObject(self->writer_ref); /* borrowed */
-    if (writer != NULL && PyObject_TypeCheck(writer, &EventWriterType)) {
-        /* The compiled writer records the death itself: no Python frame (see _events.c). */
-        events_node_died(writer, self->node_id);
-    } else if (report != NULL && writer != NULL && writer != Py_None) {
+    if (report != NULL && PyWeakref_GetObject(self->writer_ref) != Py_None) {
         /* As CPython runs a `__del__`: the error state is kept, and what escapes the reporter
          * (an interrupt on its first instruction) goes to the unraisable hook, whose filter
          * (`deferred.took`) holds it and runs the reporter again. */
@@ -550,7 +547,7 @@ static int exec_module(PyObject *module) {
     STAND_IN_NAME = PyUnicode_InternFromString("autograd_magic_call");
     MODULE_NAME = PyUnicode_InternFromString("<module>");
     if (STAND_IN_NAME == NULL || MODULE_NAME == NULL || PyType_Ready(&SiteCacheType) < 0 ||
-        PyType_Ready(&NodeTagType) < 0 || events_add_types(module) < 0) {
+        PyType_Ready(&NodeTagType) < 0) {
         return -1;
     }
     Py_INCREF(&NodeTagType);

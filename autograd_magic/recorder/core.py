@@ -47,9 +47,8 @@ from autograd_magic.recorder.nodes import (
 from autograd_magic.recorder.ops import OpKind
 from autograd_magic.recorder.outside import HolderReading
 from autograd_magic.recorder.packing import SavedTensorRecording
-from autograd_magic.recorder.saved import packed_type
 from autograd_magic.recorder.sites import SiteFinder, site_of_traceback
-from autograd_magic.recorder.writer import new_writer
+from autograd_magic.recorder.writer import TraceWriter
 
 _NoSubclassDispatch = torch._C.DisableTorchFunctionSubclass
 _NOT_LINKED = frozenset({OpKind.PLAIN, OpKind.INPLACE, OpKind.BACKWARD, OpKind.GRAD})
@@ -77,7 +76,7 @@ class Recorder(
         global _next_trace_number
         _next_trace_number += 1
         self.trace = trace if trace is not None else Trace()
-        self.writer = new_writer(self.trace)
+        self.writer = TraceWriter(self.trace)
         # Weakly: the recorder holds its writer, and a cycle would be garbage at the end.
         self.writer.read_holders = weakref.WeakMethod(self.read_for_listener)
         # Tags and packed buffers reach the writer weakly: they outlive the block in the graph.
@@ -93,9 +92,8 @@ class Recorder(
         self._busy = 0
         self._in_call = False
         self._call_site: Site | None = None
+        self._next_node_id = 1
         self._new_tag = tag_maker()
-        self.writer.new_tag, self.writer.tag_ref = self._new_tag, self._writer_ref
-        self._packed_type = packed_type()
         self._next_buffer_id = 1
         self._unowned: list[int] = []
         self._probe_hits: list[int] | None = None
@@ -315,13 +313,8 @@ class Recorder(
                 grad_fn = grad_fn_of(out)
                 if grad_fn is not None:
                     metadata = grad_fn.metadata
-                    key = self._key
-                    if key not in metadata:
-                        node_id = self.writer.born_alone(grad_fn, metadata, key, self._call_site)
-                        if node_id is None:
-                            self._discover([grad_fn], mark)
-                        elif self._unowned:
-                            self._own_saved(grad_fn, node_id, mark)
+                    if self._key not in metadata and not self._born_alone(grad_fn, metadata, mark):
+                        self._discover([grad_fn], mark)
             elif isinstance(out, (tuple, list)):
                 self._register_outputs(out, mark)
         finally:

@@ -87,6 +87,7 @@ class NodeRecording:
     _sites: SiteFinder
     _busy: int
     _call_site: Site | None
+    _next_node_id: int
     _new_tag: Callable[[weakref.ref[TraceWriter], int], Any]
     _unowned: list[int]
     _probe_hits: list[int] | None
@@ -112,12 +113,8 @@ class NodeRecording:
             grad_fn = grad_fn_of(out)
             if grad_fn is not None:
                 metadata = grad_fn.metadata
-                if key not in metadata:
-                    node_id = self.writer.born_alone(grad_fn, metadata, key, self._call_site)
-                    if node_id is None:
-                        self._discover([grad_fn], mark)
-                    elif self._unowned:
-                        self._own_saved(grad_fn, node_id, mark)
+                if key not in metadata and not self._born_alone(grad_fn, metadata, mark):
+                    self._discover([grad_fn], mark)
             return
         if isinstance(out, (tuple, list)):
             roots = []
@@ -129,18 +126,32 @@ class NodeRecording:
             if roots:
                 self._discover(roots, mark)
 
-    def _own_saved(self, node: Any, node_id: int, mark: int) -> None:
-        """Give the buffers saved during the op that made `node` (born alone, see
-        `born_alone`) to their owner."""
+    def _born_alone(self, node: Any, metadata: dict, mark: int) -> bool:
+        """Fast path for the common op: one new node whose inputs' nodes are all known."""
+        key = self._key
+        next_ids = []
+        for child, _ in node.next_functions:
+            if child is not None:
+                tag = child.metadata.get(key)
+                if tag is None:
+                    return False
+                next_ids.append(tag[1])
+        node_id = self._next_node_id
+        self._next_node_id = node_id + 1
+        metadata[key] = self._new_tag(self._writer_ref, node_id)
+        site = self._call_site or self._sites.here(3)
+        writer = self.writer
+        writer.op_node(node_id, type(node).__name__, site, tuple(next_ids))
         unowned = self._unowned
-        if mark == 0:
-            # Everything saved during this op, and one new node (an op's output node is never
-            # AccumulateGrad): it owns them all, as `_assign_buffers` would decide.
-            self.writer.buffers_owned(unowned, node_id)
-            unowned.clear()
-        else:
-            site = self._call_site or self._sites.here(3)
-            self._assign_buffers([(node, node_id, None)], mark, site)
+        if unowned:
+            if mark == 0:
+                # Everything saved during this op, and one new node (an op's output node is
+                # never AccumulateGrad): it owns them all, as `_assign_buffers` would decide.
+                writer.buffers_owned(unowned, node_id)
+                unowned.clear()
+            else:
+                self._assign_buffers([(node, node_id, None)], mark, site)
+        return True
 
     def _discover(self, roots: list[Any], mark: int) -> None:
         """Tag every node reachable from `roots` that this trace has not seen; assign buffers."""
@@ -152,8 +163,8 @@ class NodeRecording:
             metadata = node.metadata
             if key in metadata:
                 continue
-            node_id = writer.next_node_id
-            writer.next_node_id = node_id + 1
+            node_id = self._next_node_id
+            self._next_node_id += 1
             metadata[key] = new_tag(writer_ref, node_id)
             next_functions = node.next_functions
             found.append((node, node_id, next_functions))

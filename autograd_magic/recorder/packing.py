@@ -40,7 +40,6 @@ class SavedTensorRecording:
     _unowned: list[int]
     _probe_hits: list[int] | None
     _pack_hook: Any
-    _packed_type: type[PackedSaved]
     _sequence_start: int
     _thread: int
 
@@ -54,7 +53,7 @@ class SavedTensorRecording:
             buffer_id = self._next_buffer_id
             self._next_buffer_id = buffer_id + 1
             grad_fn: Any = tensor.grad_fn  # read once: PackedSaved needs it too
-            packed = self._packed_type(
+            packed = PackedSaved(
                 tensor, grad_fn, self._writer_ref, buffer_id, self._is_old(grad_fn)
             )
             writer, trace = self.writer, self.trace

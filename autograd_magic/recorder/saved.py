@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from autograd_magic.model.records import HeldBy
-from autograd_magic.recorder import native
 from autograd_magic.recorder.deferred import finalizer, hold
 
 if TYPE_CHECKING:
@@ -23,25 +22,21 @@ if TYPE_CHECKING:
 
 
 class PackedSaved:
-    """What autograd holds in a saved slot while our hooks are on; its death = buffer released.
+    """What autograd holds in a saved slot while our hooks are on; its death = buffer released."""
 
-    The methods, for both recorders: each block packs with `packed_type()`, whose death records the
-    release in Python (`PythonPacked.__del__`) or in C (`CompiledPacked`, on `_native.PackedBase`).
-    """
-
-    if not TYPE_CHECKING:  # mypy would take the empty slots for the concrete types' own
-        __slots__ = ()
-    # Set in __init__ (slots of the concrete types).
-    buffer_id: int
-    grad_fn_name: str | None
-    had_grad_fn: bool
-    held_by: HeldBy
-    nbytes: int
-    output_nr: int | None
-    storage_key: int
-    tensor: torch.Tensor
-    version: int
-    writer_ref: weakref.ref[TraceWriter]
+    __slots__ = (
+        "__weakref__",
+        "buffer_id",
+        "grad_fn_name",
+        "had_grad_fn",
+        "held_by",
+        "nbytes",
+        "output_nr",
+        "storage_key",
+        "tensor",
+        "version",
+        "writer_ref",
+    )
 
     def __init__(
         self,
@@ -72,6 +67,20 @@ class PackedSaved:
         self.held_by = held_by_at_saving(tensor)
         self.nbytes = tensor.numel() * tensor.element_size()
         self.storage_key = 0
+
+    @finalizer
+    def __del__(self) -> None:
+        writer = self.writer_ref()
+        if writer is not None:
+            # Never raise from a finalizer: it runs inside autograd; an interrupt is held for
+            # later (see deferred). A bare try, not contextlib.suppress: this runs once per node
+            # or buffer, and the context manager costs more than the bookkeeping.
+            try:
+                writer.buffer_released(self.buffer_id, self.storage_key)
+            except Exception:
+                pass
+            except BaseException as error:
+                hold(error)
 
     def checked_tensor(self) -> torch.Tensor:
         """The saved value, raising PyTorch's own error if it was modified in place since saving."""
@@ -112,52 +121,6 @@ class PackedSaved:
                 "its gradient, with torch.autograd.set_detect_anomaly(True, check_nan=False)."
             )
         return message
-
-
-_OWN_SLOTS = (
-    "__weakref__",
-    "grad_fn_name",
-    "had_grad_fn",
-    "held_by",
-    "nbytes",
-    "output_nr",
-    "tensor",
-    "version",
-)
-
-
-class PythonPacked(PackedSaved):
-    """The pure-Python recorder's packed object: its finalizer records the release."""
-
-    __slots__ = (*_OWN_SLOTS, "buffer_id", "storage_key", "writer_ref")
-
-    @finalizer
-    def __del__(self) -> None:
-        writer = self.writer_ref()
-        if writer is not None:
-            # Never raise from a finalizer: it runs inside autograd; an interrupt is held for
-            # later (see deferred). A bare try, not contextlib.suppress: this runs once per node
-            # or buffer, and the context manager costs more than the bookkeeping.
-            try:
-                writer.buffer_released(self.buffer_id, self.storage_key)
-            except Exception:
-                pass
-            except BaseException as error:
-                hold(error)
-
-
-def packed_type() -> type[PackedSaved]:
-    """The packed object for a new block: the compiled one where the extension is in use."""
-    return PythonPacked if native.NATIVE is None else CompiledPacked
-
-
-if native.NATIVE is not None:
-
-    class CompiledPacked(native.NATIVE.PackedBase, PackedSaved):  # type: ignore[name-defined]
-        """The compiled recorder's packed object: `_native.PackedBase` holds `writer_ref`,
-        `buffer_id` and `storage_key`, and its dealloc records the release (no Python frame)."""
-
-        __slots__ = _OWN_SLOTS
 
 
 # Same text as torch/csrc/autograd/saved_variable.cpp (which skips the check while hooks are set).

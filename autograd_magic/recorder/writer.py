@@ -3,9 +3,7 @@
 Folds events into counters and records, keeps the timeline bounded (runs of one event on one line
 fold into one sample; above the cap the resolution halves), enforces the record caps, calls the
 live listener, and freezes the trace when the block ends: deaths after that are not the block's.
-Called on the per-op path, so the event methods are written for speed (locals, no helpers). The
-most frequent events (deaths, releases, samples) are `events.EventWriting` in Python or, where the
-compiled recorder is in use, `_native.EventWriter`: `new_writer` picks one per block.
+Called on the per-op path, so the event methods are written for speed (locals, no helpers).
 """
 
 from __future__ import annotations
@@ -13,7 +11,6 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
 
 from autograd_magic.model.records import (
     UNKNOWN_SITE,
@@ -31,26 +28,18 @@ from autograd_magic.model.records import (
 from autograd_magic.model.timeline import correct_retained, delta_at
 from autograd_magic.model.trace import Trace
 from autograd_magic.recorder import native
-from autograd_magic.recorder.deferred import hold
 from autograd_magic.recorder.end_state import EndStateWriting
-from autograd_magic.recorder.events import NODE_FREED, NODES_CREATED, EventWriting
 from autograd_magic.recorder.listening import Listener, ListenerCalling
 
+NODES_CREATED = "nodes created"
+NODE_FREED = "node freed"
 BACKWARD_MARKERS = ("backward start", "backward")
-__all__ = ["NODES_CREATED", "NODE_FREED", "TraceWriter", "new_writer"]
+_SAMPLE = TimelineSample
+_new_sample = tuple.__new__  # the NamedTuple's own __new__ is a Python function (per event)
 
 
 class TraceWriter(EndStateWriting, ListenerCalling):
-    """Writes one block's events into `trace`; `close()` ends the block for good. Made by
-    `new_writer`, with the per-event methods below from `EventWriting` or its compiled twin."""
-
-    # The per-event methods (see events.EventWriting).
-    born_alone: Callable[[Any, dict, str, Site | None], int | None]
-    op_node: Callable[[int, str, Site, tuple[int, ...]], None]
-    node_died: Callable[[int], None]
-    buffer_released: Callable[[int, int], None]
-    sample: Callable[..., None]
-    flush: Callable[[], None]
+    """Writes one block's events into `trace`; `close()` ends the block for good."""
 
     def __init__(self, trace: Trace, locate: Callable[[int], Site] | None = None) -> None:
         self.trace = trace
@@ -65,11 +54,6 @@ class TraceWriter(EndStateWriting, ListenerCalling):
         # Where an event happened when it carries no site (a node dying): `locate(skip)`.
         self.locate = locate
         self.active_backward: BackwardCall | None = None
-        # New nodes' ids (consecutive from 1), and what tags them: `new_tag(tag_ref, node_id)`
-        # with a weak reference to this writer (set by the recorder).
-        self.next_node_id = 1
-        self.new_tag: Callable[[Any, int], Any] | None = None
-        self.tag_ref: weakref.ref[TraceWriter] | None = None
         # The innermost nn.Module being called (set by the module tracker), and per module path
         # its calls and class name.
         self.module: str | None = None
@@ -146,6 +130,62 @@ class TraceWriter(EndStateWriting, ListenerCalling):
         trace.nodes.append(record)
         self._nodes[node_id] = record
 
+    def op_node(self, node_id: int, name: str, site: Site, next_ids: tuple[int, ...]) -> None:
+        """The node an op just made (the per-op path): a new sequence number, the record and the
+        timeline, in one call."""
+        trace = self.trace
+        trace.seq = seq = trace.seq + 1
+        trace.nodes_created += 1
+        trace.live_nodes = live = trace.live_nodes + 1
+        if live > trace.peak_live_nodes:
+            trace.peak_live_nodes = live
+        if len(trace.nodes) < trace.max_records:
+            record = NodeRecord(node_id, name, seq, site, next_ids, module=self.module)
+            if self.untrack is not None:
+                self.untrack(record)
+            trace.nodes.append(record)
+            self._nodes[node_id] = record
+        else:
+            trace.dropped_nodes += 1
+        line = site.outer_line
+        if line is None:
+            line = site.line
+        if line == self._last_line and self._last_what == NODES_CREATED:  # `sample`'s run, inline
+            self._run_seq = seq
+            self._run_live = live
+            self._run_bytes = trace.retained_bytes
+            self._run_open = True
+        else:
+            self.sample(NODES_CREATED, site)
+
+    def node_died(self, node_id: int) -> None:
+        """A tagged node was destroyed (called from its tag's finalizer)."""
+        if self.closed:
+            return
+        call = self.active_backward
+        if call is not None:
+            site = call.site
+        else:
+            locate = self.locate
+            site = UNKNOWN_SITE if locate is None else locate(2)
+        trace = self.trace
+        trace.live_nodes = live = trace.live_nodes - 1
+        trace.seq = seq = trace.seq + 1
+        record = self._nodes.get(node_id)
+        if record is not None:
+            record.freed_seq = seq
+            record.freed_site = site
+        line = site.outer_line
+        if line is None:
+            line = site.line
+        if line == self._last_line and self._last_what == NODE_FREED:
+            self._run_seq = seq
+            self._run_live = live
+            self._run_bytes = trace.retained_bytes
+            self._run_open = True
+        else:
+            self.sample(NODE_FREED, site)
+
     # ----- saved buffers -------------------------------------------------------------------
     def buffer_saved(self, buffer: SavedBuffer, storage_key: int, held_by: HeldBy) -> None:
         """A tensor was saved for backward (its sequence number is already taken); `held_by`
@@ -186,6 +226,39 @@ class TraceWriter(EndStateWriting, ListenerCalling):
             record = index.get(buffer_id)
             if record is not None:
                 record.node_id = node_id
+
+    def buffer_released(self, buffer_id: int, storage_key: int) -> None:
+        """Autograd let go of a saved buffer (called from the packed object's finalizer)."""
+        if self.closed:
+            return
+        self.live_buffers -= 1
+        call = self.active_backward
+        if call is not None:
+            site = call.site
+        else:
+            locate = self.locate
+            site = UNKNOWN_SITE if locate is None else locate(2)
+        trace = self.trace
+        counts = self._storage_counts
+        count = counts.get(storage_key)
+        if count == 1:
+            del counts[storage_key]
+            nbytes = self._storage_bytes.pop(storage_key)
+            self.new_storages.pop(storage_key, None)
+            if self.held_by.pop(storage_key, None) is None:
+                trace.retained_bytes -= nbytes
+                if call is not None:
+                    call.released_bytes += nbytes
+        elif count is not None:
+            counts[storage_key] = count - 1
+        trace.seq = seq = trace.seq + 1
+        record = self._buffers.get(buffer_id)
+        if record is not None:
+            record.freed_seq = seq
+            record.freed_site = site
+        if call is not None:
+            call.released_buffers += 1
+        self.sample("buffer released", site)
 
     def reclassify(self, changes: dict[int, tuple[HeldBy, list[int]]]) -> None:
         """A read of who holds each storage: `changes` maps a storage key to its new holder and
@@ -294,6 +367,48 @@ class TraceWriter(EndStateWriting, ListenerCalling):
         self.sample("backward", call.site, force=True)
 
     # ----- timeline ------------------------------------------------------------------------
+    def sample(self, what: str, site: Site, force: bool = False) -> None:
+        """Record the state after an event; a run of the same event on one line folds into one
+        sample. Backward markers (`force`) are always kept."""
+        trace = self.trace
+        # The traced code's own line (the cell line), also for events inside a user's forward.
+        line = site.outer_line
+        if line is None:
+            line = site.line
+        if not force and what == self._last_what and line == self._last_line:
+            self._run_seq = trace.seq
+            self._run_live = trace.live_nodes
+            self._run_bytes = trace.retained_bytes
+            self._run_open = True
+            return
+        if not force and trace.seq % self._timeline_stride:
+            return
+        if self._run_open:
+            self.flush()
+        timeline = trace.timeline
+        sample = _new_sample(
+            _SAMPLE, (trace.seq, trace.live_nodes, trace.retained_bytes, what, line)
+        )
+        if self.untrack is not None:
+            self.untrack(sample)
+        timeline.append(sample)
+        self._last_what, self._last_line = what, line
+        if len(timeline) >= trace.max_timeline:
+            self._thin_timeline()
+
+    def flush(self) -> None:
+        """Write the open run's numbers into its sample (before anyone reads the timeline)."""
+        if self._run_open:
+            timeline = self.trace.timeline
+            last = timeline[-1]
+            sample = _new_sample(
+                _SAMPLE, (self._run_seq, self._run_live, self._run_bytes, last.what, last.line)
+            )
+            if self.untrack is not None:
+                self.untrack(sample)
+            timeline[-1] = sample
+            self._run_open = False
+
     def _thin_timeline(self) -> None:
         """Halve the timeline's resolution (bounded memory, constant work per event): backward
         markers are all kept while they are at most half of it, then thinned like the rest."""
@@ -307,8 +422,7 @@ class TraceWriter(EndStateWriting, ListenerCalling):
             if i % 2 == 0 or (keep_markers and s.what in BACKWARD_MARKERS)
         ]
         timeline[:] = kept
-        # Capped where no sequence number reaches it (a C field in the compiled writer).
-        self._timeline_stride = min(2 * self._timeline_stride, 1 << 62)
+        self._timeline_stride *= 2
         last = timeline[-1] if timeline else None
         self._last_what = None if last is None else last.what
         self._last_line = None if last is None else last.line
@@ -323,21 +437,3 @@ class TraceWriter(EndStateWriting, ListenerCalling):
         self.trace.finished = True
         self.closed = True
         self.active_backward = None
-
-
-class PythonTraceWriter(EventWriting, TraceWriter):
-    """The writer of the pure-Python recorder."""
-
-
-if native.NATIVE is not None:
-    native.NATIVE.set_event_context(TimelineSample, UNKNOWN_SITE, hold, NodeRecord)
-
-    class CompiledTraceWriter(native.NATIVE.EventWriter, TraceWriter):  # type: ignore[name-defined]
-        """The writer of the compiled recorder: its per-event state and methods are in C."""
-
-
-def new_writer(trace: Trace) -> TraceWriter:
-    """A writer for a new block: the compiled one where the extension is in use."""
-    if native.NATIVE is None:
-        return PythonTraceWriter(trace)
-    return CompiledTraceWriter(trace)
