@@ -1,4 +1,4 @@
-"""The suite's entry point: runs workloads 1-15, prints the table and rewrites BENCHMARKS.md.
+"""The suite's entry point: runs workloads 1-16, prints the table and rewrites BENCHMARKS.md.
 
 `python -m benchmarks [--quick] [--output PATH] [--only KEYS]`; `python benchmarks/run.py` works
 too. Hand-written analysis below the marker line of an existing BENCHMARKS.md is kept.
@@ -19,7 +19,16 @@ if __package__ in (None, ""):  # run as `python benchmarks/run.py`: make the pac
 
 import torch
 
-from benchmarks import accuracy, overhead, panel_cost, report, scale, script_loop, workloads
+from benchmarks import (
+    accuracy,
+    overhead,
+    panel_cost,
+    per_event,
+    report,
+    scale,
+    script_loop,
+    workloads,
+)
 from benchmarks.results import Row, skipped
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,6 +156,7 @@ def jobs(plan: Plan) -> list[tuple[str, Callable[[], list[Row]]]]:
         ("11", lambda: _bert_row(plan)),
         ("5 8 13 14 15", lambda: _cuda_rows(plan)),
         ("12", lambda: [script_loop.measure(plan.script_steps, plan.script_rounds)]),
+        ("16", lambda: [per_event.measure(plan.quick)]),
         ("6", lambda: [scale.measure(plan.million_ops)]),
         (
             "7",

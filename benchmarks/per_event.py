@@ -1,0 +1,138 @@
+"""Workload 16: what one event costs, by kind, in microseconds: the levers' scale for issue 23.
+
+Each kind is a loop of `n` torch calls that makes one kind of event per call, timed bare, under
+the mechanism alone (an empty TorchFunctionMode and no-op saved-tensor hooks) and under
+`track()` (compiled recorder, and pure Python in the same rounds), interleaved. A cost is
+(variant - bare) / n, the median over rounds; "ours" is tracked minus the mechanism. No target:
+the ratio rows judge; this row says where their time goes.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+import torch
+
+import autograd_magic
+from benchmarks.overhead import _EmptyMode, _keep, pure_python
+from benchmarks.results import Row
+from benchmarks.timing import interleave
+
+Kind = tuple[str, Callable[[int], Callable[[], None]]]
+
+
+def _grad_off(n: int) -> Callable[[], None]:
+    x = torch.randn(16)
+
+    def run() -> None:
+        y = x
+        for _ in range(n):
+            y = y.sin()
+
+    return run
+
+
+def _node(n: int) -> Callable[[], None]:
+    x = torch.randn(16, requires_grad=True)
+
+    def run() -> None:
+        y = x * 1.0
+        for _ in range(n):
+            y = y * 1.0001  # MulBackward0 with a scalar: a node, nothing saved
+        del y  # the chain's nodes die here
+
+    return run
+
+
+def _node_and_saved(n: int) -> Callable[[], None]:
+    x = torch.randn(16, requires_grad=True)
+
+    def run() -> None:
+        y = x * 1.0
+        for _ in range(n):
+            y = y.sin()  # SinBackward0 saves its input
+        del y
+
+    return run
+
+
+def _write(n: int) -> Callable[[], None]:
+    weight, step = torch.randn(16), torch.randn(16)
+
+    def run() -> None:
+        for _ in range(n):
+            weight.add_(step, alpha=-1e-6)  # an optimizer's write
+
+    return run
+
+
+def _backward(n: int) -> Callable[[], None]:
+    x = torch.randn(16, requires_grad=True)
+
+    def run() -> None:
+        y = x * 1.0
+        for _ in range(n):
+            y = y.sin()
+        y.sum().backward()  # per node: its saved tensor unpacked and released, the node freed
+        x.grad = None
+
+    return run
+
+
+KINDS: tuple[Kind, ...] = (
+    ("grad-off call (no node)", _grad_off),
+    ("op making a node (birth and death)", _node),
+    ("op making a node and saving a tensor", _node_and_saved),
+    ("in-place write", _write),
+    ("op with a saved tensor, then backward through it", _backward),
+)
+
+
+def _variants(run: Callable[[], None]) -> dict[str, Callable[[], None]]:
+    def tracked() -> None:
+        with autograd_magic.track():
+            run()
+
+    def mechanism() -> None:
+        with _EmptyMode(), torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
+            run()
+
+    return {
+        "bare": run,
+        "mechanism": mechanism,
+        "tracked": tracked,
+        "tracked_pure": pure_python(tracked),
+    }
+
+
+def _costs(build: Callable[[int], Callable[[], None]], n: int, rounds: int) -> dict[str, float]:
+    """Microseconds per call above the bare loop, per variant (median over rounds)."""
+    times = interleave(_variants(build(n)), rounds, warmup=1)
+    bare = times["bare"]
+    return {
+        name: statistics.median((t - b) / n * 1e6 for t, b in zip(values, bare, strict=True))
+        for name, values in times.items()
+        if name != "bare"
+    }
+
+
+def measure(quick: bool = False) -> Row:
+    """Row 16: microseconds per event by kind (ours = tracked - mechanism)."""
+    n, rounds = (50, 1) if quick else (2000, 15)
+    details, summary = [], []
+    for title, build in KINDS:
+        cost = _costs(build, n, rounds)
+        ours = cost["tracked"] - cost["mechanism"]
+        summary.append(f"{title.split(' (')[0]} {ours:+.1f}")
+        details.append(
+            f"{title}: tracked {cost['tracked']:+.2f} us per call (pure Python "
+            f"{cost['tracked_pure']:+.2f}), the mechanism alone {cost['mechanism']:+.2f}: "
+            f"ours {ours:+.2f} us"
+        )
+    return Row(
+        "16",
+        "per-event cost (us, ours above the mechanism)",
+        "; ".join(summary),
+        details=[f"{n:,} calls per loop, {rounds} rounds; " + "; ".join(details)],
+    )
