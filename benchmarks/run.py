@@ -21,6 +21,7 @@ import torch
 
 from benchmarks import (
     accuracy,
+    block_exit,
     overhead,
     panel_cost,
     per_event,
@@ -106,8 +107,14 @@ def _bert_row(plan: Plan) -> list[Row]:
     workload = workloads.bert(plan.quick)
     if workload is None:
         why = "skipped: transformers not installed"
-        return [skipped("11", "BERT training step (Hugging Face)", why, "<= 1.10x", BERT)]
-    return [overhead.measure(workload, plan.rounds["11"], plan.warmup, plan.steps["11"])]
+        return [
+            skipped("11", "BERT training step (Hugging Face)", why, "<= 1.10x", BERT),
+            skipped("11b", "block exit after a BERT training step", why, "<= 5 ms", BERT),
+        ]
+    return [
+        overhead.measure(workload, plan.rounds["11"], plan.warmup, plan.steps["11"]),
+        block_exit.measure(workload, plan.rounds["11"]),
+    ]
 
 
 def _cuda_rows(plan: Plan) -> list[Row]:
@@ -153,7 +160,7 @@ def jobs(plan: Plan) -> list[tuple[str, Callable[[], list[Row]]]]:
     cpu = [(w(True).key, w) for w in workloads.CPU_WORKLOADS]
     return [
         *((key, lambda build=build: [_overhead(build, plan)]) for key, build in cpu),
-        ("11", lambda: _bert_row(plan)),
+        ("11 11b", lambda: _bert_row(plan)),
         ("5 8 13 14 15", lambda: _cuda_rows(plan)),
         ("12", lambda: [script_loop.measure(plan.script_steps, plan.script_rounds)]),
         ("16", lambda: [per_event.measure(plan.quick)]),

@@ -1,0 +1,47 @@
+"""Row 11b: how long a block takes to end after one training step (issue 23: <= 5 ms on BERT).
+
+Ending a block reads who holds the saved memory, names the user's tensors from the namespace and
+computes the findings: work done once per block, after the user's last op, which a notebook user
+waits for before the cell returns.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import autograd_magic
+from benchmarks.results import Row, verdict
+from benchmarks.workloads import Workload
+
+TARGET_MS = 5.0
+
+
+def _one_exit_s(workload: Workload) -> float:
+    block = autograd_magic.track()
+    block.__enter__()
+    try:
+        workload.step()
+    finally:
+        start = time.perf_counter()
+        block.__exit__(None, None, None)
+    return time.perf_counter() - start
+
+
+def measure(workload: Workload, rounds: int) -> Row:
+    """The median time of `block.__exit__` after one step of `workload`, over `rounds` blocks
+    (after one warm-up block)."""
+    _one_exit_s(workload)
+    times_ms = sorted(_one_exit_s(workload) * 1e3 for _ in range(rounds))
+    median = statistics.median(times_ms)
+    return Row(
+        "11b",
+        f"block exit after a {workload.title.split(' (')[0]}",
+        f"{median:.2f} ms (min-max {times_ms[0]:.2f}-{times_ms[-1]:.2f}, n={rounds})",
+        target=f"<= {TARGET_MS:.0f} ms",
+        verdict=verdict(median <= TARGET_MS),
+        details=[
+            f"{workload.details}; one step per block, the time of the block's end (holder "
+            "reads, names from the namespace, findings) after it"
+        ],
+    )
