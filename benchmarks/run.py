@@ -164,7 +164,7 @@ def jobs(plan: Plan) -> list[tuple[str, Callable[[], list[Row]]]]:
         ("5 8 13 14 15", lambda: _cuda_rows(plan)),
         ("12", lambda: [script_loop.measure(plan.script_steps, plan.script_rounds)]),
         ("16", lambda: [per_event.measure(plan.quick)]),
-        ("6", lambda: [scale.measure(plan.million_ops)]),
+        ("6 6b", lambda: scale.measure(plan.million_ops, 2 if plan.quick else 21)),
         (
             "7",
             lambda: panel_cost.measure(

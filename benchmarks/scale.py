@@ -12,6 +12,7 @@ separate from the timed runs because tracemalloc slows Python down.
 from __future__ import annotations
 
 import gc
+import statistics
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -43,6 +44,10 @@ def million_ops(ops: int) -> Callable[[], None]:
     return block
 
 
+SMALL_BLOCK_OPS = 1_000  # issue 23: per-event cost constant from 1,000 to 1,000,000 events
+SMALL_BLOCK_ROUNDS = 21
+
+
 @dataclass(frozen=True)
 class Scale:
     untracked_s: float
@@ -51,6 +56,7 @@ class Scale:
     kept_bytes: int
     nodes_created: int
     node_records: int
+    small_block_us: float  # added per op in a block of SMALL_BLOCK_OPS (entry and exit included)
 
 
 def _timed(block: Callable[[], None], tracked: bool) -> float:
@@ -78,15 +84,27 @@ def _memory(block: Callable[[], None]) -> tuple[int, int, int, int]:
     return peak, kept, trace.nodes_created, len(trace.nodes)
 
 
-def measure(ops: int) -> Row:
-    """Untracked, tracked, untracked (the ratio uses the mean of both), then the memory run."""
+def _small_block_us(rounds: int) -> float:
+    """Microseconds added per op by tracking a block of SMALL_BLOCK_OPS of the same loop: the
+    median over rounds of (tracked - untracked), the two alternated."""
+    block = million_ops(SMALL_BLOCK_OPS)
+    added = [_timed(block, tracked=True) - _timed(block, tracked=False) for _ in range(rounds + 1)][
+        1:
+    ]  # the first round warms the caches up
+    return statistics.median(added) / SMALL_BLOCK_OPS * 1e6
+
+
+def measure(ops: int, small_rounds: int = SMALL_BLOCK_ROUNDS) -> list[Row]:
+    """Untracked, tracked, untracked (the ratio uses the mean of both), then the memory run,
+    then the same loop in small blocks (per-op cost against the block's length)."""
     block = million_ops(ops)
     before = _timed(block, tracked=False)
     tracked = _timed(block, tracked=True)
     after = _timed(block, tracked=False)
     peak, kept, created, records = _memory(block)
-    result = Scale((before + after) / 2, tracked, peak, kept, created, records)
-    return _row(ops, result)
+    small = _small_block_us(small_rounds)
+    result = Scale((before + after) / 2, tracked, peak, kept, created, records, small)
+    return [_row(ops, result), _constancy_row(ops, result)]
 
 
 def _row(ops: int, s: Scale) -> Row:
@@ -112,4 +130,25 @@ def _row(ops: int, s: Scale) -> Row:
             "in a separate run from the timed ones",
         ],
         ratio=ratio,
+    )
+
+
+def _constancy_row(ops: int, s: Scale) -> Row:
+    """Row 6b: the cost per op does not grow with the block (issue 23: constant from 1,000 to
+    1,000,000 events); met when the long block's is within 10% of the short blocks'."""
+    large_us = (s.tracked_s - s.untracked_s) / ops * 1e6
+    return Row(
+        key="6b",
+        workload="per-op cost against the block's length",
+        ours=(
+            f"{s.small_block_us:.1f} us per op in blocks of {SMALL_BLOCK_OPS:,} ops; "
+            f"{large_us:.1f} us in the block of {ops:,}"
+        ),
+        target="constant (within 10%)",
+        verdict=verdict(large_us <= 1.10 * s.small_block_us),
+        details=[
+            f"row 6's loop; blocks of {SMALL_BLOCK_OPS:,} ops: the median over rounds of "
+            "(tracked - untracked) of alternated blocks, entry and exit included; the block of "
+            f"{ops:,}: row 6's timed runs"
+        ],
     )
