@@ -148,4 +148,6 @@ def measure(workload: Workload, rounds: int, warmup: int, steps: int = 1) -> Row
         ],
         ratio=ours.median,
         peer_ratio=peer.median,
+        in_one_block=loop.describe(),
+        in_one_block_ratio=loop.median,
     )

@@ -105,6 +105,7 @@ def targets(rows: list[Row]) -> list[tuple[str, str, str]]:
             "<= 1.10x (issue 14)",
             _all_met(pick("2", "3", "4", "9", "10", "11")),
         ),
+        ("10b 1,000 small steps in one block", "<= 2.0x (issue 23)", _all_met(pick("10b"))),
         ("5 CNN on CUDA", "<= 1.10x", _all_met(pick("5"))),
         (
             "13 BERT-base, 14 GPT-2 small, 15 small BERT on CUDA",

@@ -19,6 +19,8 @@ RATIO_TARGETS: dict[str, float] = {  # issue 14: real training steps within 1.10
     "14": 1.15,
     "15": 1.15,
 }
+# issue 23: 1,000 small steps in one block (row 10's steps, as a cell holding the loop)
+ONE_BLOCK_TARGET = 2.0
 MEMORY_TARGET_BYTES = 100 * 10**6  # issue 23 (issue 6 asked 200 MB)
 PANEL_SHARE_TARGET = 0.05
 GRAPH_VIEW_TARGET_S = 2.0
@@ -41,6 +43,8 @@ class Row:
     details: list[str] = field(default_factory=list)
     ratio: float | None = None  # tracked / untracked, median (overhead rows)
     peer_ratio: float | None = None  # torch.profiler / untracked, median
+    in_one_block: str | None = None  # the same steps all in one tracked block, described
+    in_one_block_ratio: float | None = None
 
 
 def verdict(ok: bool) -> str:
