@@ -93,6 +93,24 @@ def test_labels_are_user_paths_when_bound_else_op_labels():
     del first, last
 
 
+def test_tensors_among_plain_numbers_keep_their_index_in_the_label():
+    """GIVEN a training history of 5,000 floats with a tensor appended, a short list holding a
+    number and a tensor, lists of metric pairs, and a dict of floats and a tensor THEN the
+    tensors are named `history[5000]`, `pair[1]`, `epochs[2][1]` and `stats['w']` (the walk skips
+    plain numbers and short lists of them, never what comes after them)."""
+    history: list = [0.5 + i * 1e-4 for i in range(5000)]
+    epochs: list = [[0.1, 0.2], [0.3, 0.4]]
+    with am.track() as trace:
+        # Each a detached alias: tracked as a storage member, so it gets a label.
+        history.append(torch.randn(3).exp().detach())
+        pair = [1.5, torch.randn(2).exp().detach()]
+        epochs.append([0.5, torch.randn(4).exp().detach()])
+        stats = {"lr": 0.1, "loss": 2.0, "w": torch.randn(5).exp().detach()}
+    labels = set(trace.labels.values())
+    assert {"history[5000]", "pair[1]", "epochs[2][1]", "stats['w']"} <= labels
+    del pair, stats
+
+
 # ----- version counters -----------------------------------------------------------------------
 
 

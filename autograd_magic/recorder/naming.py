@@ -21,6 +21,9 @@ _SKIP_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
 _ATOMIC = (str, bytes, int, float, complex, bool, type(None), range, slice)
 _OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
 _LEAVES = (*_ATOMIC, *_OPAQUE)
+# Exact types of the commonest leaves, skipped by a set lookup where containers are listed.
+_PLAIN_ATOMS = frozenset({str, int, float, bool, type(None)})
+_SHORT = 64
 MAX_CONTAINER_ITEMS = 10_000
 
 
@@ -39,13 +42,16 @@ def _children(obj: Any, path: str, skipped: set[str]) -> Iterator[tuple[Any, str
     if issubclass(kind, (list, tuple)):
         base = list if issubclass(kind, list) else tuple
         for i, item in enumerate(base.__getitem__(obj, slice(0, MAX_CONTAINER_ITEMS))):
-            yield item, f"{path}[{i}]"
+            # Nothing to name in leaves, nor in short lists of them (`history[i]` = [loss, acc]):
+            # a list of plain numbers costs no path string and no visit.
+            if type(item) not in _PLAIN_ATOMS and not _only_atoms(item):
+                yield item, f"{path}[{i}]"
         return
     if issubclass(kind, dict):
         for i, (key, item) in enumerate(dict.items(obj)):
             if i >= MAX_CONTAINER_ITEMS:
                 return
-            if type(key) is str or type(key) is int:
+            if (type(key) is str or type(key) is int) and type(item) not in _PLAIN_ATOMS:
                 yield item, f"{path}[{key!r}]"
         return
     if issubclass(kind, torch.optim.Optimizer):
@@ -77,6 +83,15 @@ def _children(obj: Any, path: str, skipped: set[str]) -> Iterator[tuple[Any, str
     for name, value in dict.items(attrs):
         if type(name) is str and not name.startswith("_"):
             yield value, f"{path}.{name}"
+
+
+def _only_atoms(item: Any) -> bool:
+    """True for a short plain list or tuple of plain numbers and strings (nothing to name)."""
+    return (
+        (type(item) is list or type(item) is tuple)
+        and len(item) <= _SHORT
+        and all(type(x) in _PLAIN_ATOMS for x in item)
+    )
 
 
 def _dict_descriptor(kind: type) -> Any:
