@@ -23,6 +23,8 @@ _OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType
 _LEAVES = (*_ATOMIC, *_OPAQUE)
 # Exact types of the commonest leaves, skipped by a set lookup where containers are listed.
 _PLAIN_ATOMS = frozenset({str, int, float, bool, type(None)})
+_Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
 _SHORT = 64
 MAX_CONTAINER_ITEMS = 10_000
 
@@ -168,22 +170,26 @@ def walk_namespace(
     steps = 0
     while queue:
         obj, path, depth = queue.popleft()
-        if issubclass(type(obj), _LEAVES):
+        kind = type(obj)
+        if issubclass(kind, _LEAVES):
             continue
-        if id(obj) in seen:
+        address = id(obj)
+        if address in seen:
             # Seen before under a shorter path: report this path too (`loss` is `losses[2]`),
             # but do not walk into it again.
             visit(obj, path)
             continue
-        seen.add(id(obj))
+        seen.add(address)
         visit(obj, path)
         steps += 1
         if steps % 512 == 0 and time.perf_counter() > deadline:
             return False
-        if depth < max_depth:
+        # A tensor holds nothing to walk into (`_children` yields nothing for one): a dataset
+        # of tensors in a list costs a visit each, not a visit and a generator.
+        if depth < max_depth and not (kind is _Tensor or kind is _Parameter):
             # A module's submodules and tensors cost no depth: `model.encoder.layers.0.self_attn
             # .in_proj_weight` is as close to the user as `model`; the tree is finite.
-            in_module = issubclass(type(obj), torch.nn.Module)
+            in_module = issubclass(kind, torch.nn.Module)
             for child, child_path in _children(obj, path, skipped):
                 step = 0 if in_module and issubclass(type(child), _MODULE_PARTS) else 1
                 queue.append((child, child_path, depth + step))
