@@ -111,6 +111,16 @@ def test_tensors_among_plain_numbers_keep_their_index_in_the_label():
     del pair, stats
 
 
+def test_a_tracked_tensor_among_a_datasets_plain_tensors_is_still_named():
+    """GIVEN a list of 1,000 (x, y) tensor samples (not tracked: the names walk skips them) and
+    one sample appended in the block whose x is a detached alias THEN that x is
+    `samples[1000][0]`."""
+    samples = [(torch.randn(2), torch.tensor(i)) for i in range(1000)]
+    with am.track() as trace:
+        samples.append((torch.randn(3).exp().detach(), torch.tensor(0)))
+    assert "samples[1000][0]" in set(trace.labels.values())
+
+
 # ----- version counters -----------------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ from autograd_magic.model.disjoint_sets import DisjointSets
 from autograd_magic.model.records import AliasLink, Blindspot, Site, VersionBump
 from autograd_magic.recorder.identity import ObjectRegistry
 from autograd_magic.recorder.naming import find_names, resolve_param_marks
+from autograd_magic.recorder.nodes import grad_fn_of
 from autograd_magic.recorder.ops import VERSION_SHARING_HOWS, OpKind
 from autograd_magic.recorder.saved import PackedSaved, storage_of
 
@@ -374,9 +375,13 @@ class AliasTracker:
             if also is not None:
                 also(obj, path)
 
+        def visit_wants(tensor: torch.Tensor) -> bool:
+            """Whether `visit` can note anything for a plain tensor (not a Parameter)."""
+            return bool(held) or (also is not None and grad_fn_of(tensor) is not None)
+
         wanted = {**alive, **extra} if extra else alive
         if wanted or also is not None or released:
-            names, complete = find_names(namespace, wanted, budget_s, visit, skipped)
+            names, complete = find_names(namespace, wanted, budget_s, visit, skipped, visit_wants)
         else:  # nothing alive to name, no holder to look for, no parameter saved: no walk
             names, complete = {}, True
         names = {uid: resolve_param_marks(path, param_names) for uid, path in names.items()}

@@ -156,10 +156,12 @@ def walk_namespace(
     max_depth: int = 4,
     budget_s: float = 0.25,
     skipped: set[str] | None = None,
+    worth: Callable[[torch.Tensor], bool] | None = None,
 ) -> bool:
     """Call `visit(obj, path)` for each path to each object reachable from `roots` (shortest
     first; each object walked into once); False when time ran out. Types not walked into
-    because reading them would run user code are added to `skipped`."""
+    because reading them would run user code are added to `skipped`. `worth(tensor)` False: a
+    plain tensor found inside something (a dataset's samples) is not visited."""
     skipped = set() if skipped is None else skipped
     deadline = time.perf_counter() + budget_s
     seen: set[int] = set()
@@ -191,6 +193,8 @@ def walk_namespace(
             # .in_proj_weight` is as close to the user as `model`; the tree is finite.
             in_module = issubclass(kind, torch.nn.Module)
             for child, child_path in _children(obj, path, skipped):
+                if worth is not None and type(child) is _Tensor and not worth(child):
+                    continue
                 step = 0 if in_module and issubclass(type(child), _MODULE_PARTS) else 1
                 queue.append((child, child_path, depth + step))
     return True
@@ -202,10 +206,15 @@ def find_names(
     budget_s: float = 0.25,
     also: Callable[[Any, str], None] | None = None,
     skipped: set[str] | None = None,
+    also_wants: Callable[[torch.Tensor], bool] | None = None,
 ) -> tuple[dict[int, str], bool]:
     """Map uid -> shortest user path for objects whose address is in `wanted` (address -> uid);
-    `also(obj, path)` sees every visited object in the same walk."""
+    `also(obj, path)` sees every visited object in the same walk. `also_wants(tensor)`: False
+    when `also` does nothing for that plain tensor (then, unless wanted, it is not visited)."""
     names: dict[int, str] = {}
+
+    def worth(tensor: torch.Tensor) -> bool:
+        return id(tensor) in wanted or also_wants is None or also_wants(tensor)
 
     def visit(obj: Any, path: str) -> None:
         uid = wanted.get(id(obj))
@@ -214,7 +223,7 @@ def find_names(
         if also is not None:
             also(obj, path)
 
-    complete = walk_namespace(roots, visit, budget_s=budget_s, skipped=skipped)
+    complete = walk_namespace(roots, visit, budget_s=budget_s, skipped=skipped, worth=worth)
     return names, complete
 
 
