@@ -69,8 +69,8 @@ def measure(workload: Workload, rounds: int) -> Row:
             "reads, names from the namespace, findings) after it",
             f"the same with a notebook's history in the namespace (a list of 10,000 losses and "
             f"2,000 [loss, accuracy] pairs): {with_history * 1e3:.2f} ms",
-            f"and with a dataset kept as a list of 10,000 (x, y) tensor pairs besides (each "
-            f"tensor is visited by the names walk; not in the verdict): "
+            f"and with a dataset kept as a list of 10,000 (x, y) tensor pairs besides (the "
+            f"names walk still goes through each pair; not in the verdict): "
             f"{with_samples * 1e3:.2f} ms",
         ],
     )
