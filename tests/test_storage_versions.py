@@ -112,13 +112,15 @@ def test_tensors_among_plain_numbers_keep_their_index_in_the_label():
 
 
 def test_a_tracked_tensor_among_a_datasets_plain_tensors_is_still_named():
-    """GIVEN a list of 1,000 (x, y) tensor samples (not tracked: the names walk skips them) and
-    one sample appended in the block whose x is a detached alias THEN that x is
-    `samples[1000][0]`."""
+    """GIVEN a list of 1,000 (x, y) tensor samples and one of 500 {"x": tensor, "y": int}
+    records (not tracked: the names walk skips them), and one of each appended in the block
+    whose x is a detached alias THEN those are `samples[1000][0]` and `records[500]['x']`."""
     samples = [(torch.randn(2), torch.tensor(i)) for i in range(1000)]
+    records = [{"x": torch.randn(2), "y": 1} for _ in range(500)]
     with am.track() as trace:
         samples.append((torch.randn(3).exp().detach(), torch.tensor(0)))
-    assert "samples[1000][0]" in set(trace.labels.values())
+        records.append({"x": torch.randn(3).exp().detach(), "y": 0})
+    assert {"samples[1000][0]", "records[500]['x']"} <= set(trace.labels.values())
 
 
 # ----- version counters -----------------------------------------------------------------------

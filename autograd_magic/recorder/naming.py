@@ -96,6 +96,31 @@ def _only_atoms(item: Any) -> bool:
     )
 
 
+def _nothing_worth(child: Any, worth: Callable[[torch.Tensor], bool]) -> bool:
+    """True for a plain tensor that `worth` does not want, and for a short plain list, tuple or
+    dict of such tensors and plain numbers (a dataset's `(x, y)` sample): no visit of it or of
+    what it holds can note anything."""
+    kind = type(child)
+    if kind is _Tensor:
+        return not worth(child)
+    if kind is tuple or kind is list:
+        items: Any = child
+    elif kind is dict:
+        items = dict.values(child)
+    else:
+        return False
+    if len(child) > _SHORT:
+        return False
+    for item in items:
+        item_kind = type(item)
+        if item_kind is _Tensor:
+            if worth(item):
+                return False
+        elif item_kind not in _PLAIN_ATOMS:
+            return False
+    return True
+
+
 def _dict_descriptor(kind: type) -> Any:
     for klass in kind.__mro__:
         found = type.__dict__["__dict__"].__get__(klass).get("__dict__")
@@ -193,7 +218,7 @@ def walk_namespace(
             # .in_proj_weight` is as close to the user as `model`; the tree is finite.
             in_module = issubclass(kind, torch.nn.Module)
             for child, child_path in _children(obj, path, skipped):
-                if worth is not None and type(child) is _Tensor and not worth(child):
+                if worth is not None and _nothing_worth(child, worth):
                     continue
                 step = 0 if in_module and issubclass(type(child), _MODULE_PARTS) else 1
                 queue.append((child, child_path, depth + step))
