@@ -23,6 +23,11 @@ MAX_PATHS_PER_ROOT = 4
 LIVE_BUDGET_S = 0.005  # a live refresh's walk; the end's walk has the block's naming budget
 
 
+def _has_graph(tensor: torch.Tensor) -> bool:
+    """True when a tensor has a grad_fn, the only tensors `noting_holders` notes."""
+    return grad_fn_of(tensor) is not None
+
+
 def noting_holders(key: str, holders: list[Holder]) -> Callable[[Any, str], None]:
     """A walk visitor that appends to `holders` each path to a tensor whose graph root this
     block recorded (tagged under `key`), a few paths per root."""
@@ -59,7 +64,12 @@ class LiveHolderReading:
             return
         holders: list[Holder] = []
         with torch._C.DisableTorchFunction():  # reading grad_fn must reach no user mode
-            walk_namespace(namespace, noting_holders(self._key, holders), budget_s=LIVE_BUDGET_S)
+            walk_namespace(
+                namespace,
+                noting_holders(self._key, holders),
+                budget_s=LIVE_BUDGET_S,
+                worth=_has_graph,  # a dataset's tensors hold no graph: not visited
+            )
         self.writer.end_holders(holders)
 
     def _home_namespace(self) -> dict[str, Any] | None:

@@ -219,6 +219,11 @@ def walk_namespace(
             in_module = issubclass(kind, torch.nn.Module)
             for child, child_path in _children(obj, path, skipped):
                 if worth is not None and _nothing_worth(child, worth):
+                    # Counted against the budget as a visit would be: a list of 10,000 skipped
+                    # samples takes time too.
+                    steps += 1
+                    if steps % 512 == 0 and time.perf_counter() > deadline:
+                        return False
                     continue
                 step = 0 if in_module and issubclass(type(child), _MODULE_PARTS) else 1
                 queue.append((child, child_path, depth + step))
