@@ -15,7 +15,6 @@ from autograd_magic.model.disjoint_sets import DisjointSets
 from autograd_magic.model.records import AliasLink, Blindspot, Site, VersionBump
 from autograd_magic.recorder.identity import ObjectRegistry
 from autograd_magic.recorder.naming import find_names, resolve_param_marks
-from autograd_magic.recorder.nodes import grad_fn_of
 from autograd_magic.recorder.ops import VERSION_SHARING_HOWS, OpKind
 from autograd_magic.recorder.saved import PackedSaved, storage_of
 
@@ -347,10 +346,12 @@ class AliasTracker:
         budget_s: float,
         also: Callable[[Any, str], None] | None = None,
         extra: dict[int, int] | None = None,
+        also_wants: Callable[[torch.Tensor], bool] | None = None,
     ) -> dict[int, str]:
         """Replace op labels by the user's variable paths for objects still alive; `extra`
-        (address -> negative id) asks for more objects' paths in the same walk. Returns every
-        path found by id."""
+        (address -> negative id) asks for more objects' paths in the same walk, `also(obj,
+        path)` sees each object visited (`also_wants(tensor)` False: `also` does nothing for that
+        plain tensor). Returns every path found by id."""
         alive = self.registry.alive()
         skipped: set[str] = set()
         param_names: dict[int, str] = {}
@@ -377,7 +378,7 @@ class AliasTracker:
 
         def visit_wants(tensor: torch.Tensor) -> bool:
             """Whether `visit` can note anything for a plain tensor (not a Parameter)."""
-            return bool(held) or (also is not None and grad_fn_of(tensor) is not None)
+            return bool(held) or (also is not None and (also_wants is None or also_wants(tensor)))
 
         wanted = {**alive, **extra} if extra else alive
         if wanted or also is not None or released:

@@ -34,7 +34,7 @@ from autograd_magic.recorder.backward import run_backward
 from autograd_magic.recorder.blind_spots import BlindSpotHandling
 from autograd_magic.recorder.caller import CallerStandIns, StandIn
 from autograd_magic.recorder.deferred import take
-from autograd_magic.recorder.graph_holders import LiveHolderReading, noting_holders
+from autograd_magic.recorder.graph_holders import LiveHolderReading, has_graph, noting_holders
 from autograd_magic.recorder.mode import KINDS, RecorderMode, kind_of
 from autograd_magic.recorder.module_calls import ModuleTracker
 from autograd_magic.recorder.naming import frame_namespace
@@ -259,7 +259,11 @@ class Recorder(
         # Root modules are looked up in the same walk, under negative ids.
         extra = {id(module): -1 - i for i, module in enumerate(roots.values())}
         names = self.aliases.resolve_labels(
-            namespace, self._name_budget_s, also=note_holder if live else None, extra=extra
+            namespace,
+            self._name_budget_s,
+            also=note_holder if live else None,
+            extra=extra,
+            also_wants=has_graph,
         )
         root_names = {
             placeholder: name

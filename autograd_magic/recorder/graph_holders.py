@@ -23,8 +23,8 @@ MAX_PATHS_PER_ROOT = 4
 LIVE_BUDGET_S = 0.005  # a live refresh's walk; the end's walk has the block's naming budget
 
 
-def _has_graph(tensor: torch.Tensor) -> bool:
-    """True when a tensor has a grad_fn, the only tensors `noting_holders` notes."""
+def has_graph(tensor: torch.Tensor) -> bool:
+    """True when a tensor has a grad_fn: the only tensors `noting_holders` can note."""
     return grad_fn_of(tensor) is not None
 
 
@@ -68,7 +68,7 @@ class LiveHolderReading:
                 namespace,
                 noting_holders(self._key, holders),
                 budget_s=LIVE_BUDGET_S,
-                worth=_has_graph,  # a dataset's tensors hold no graph: not visited
+                worth=has_graph,  # a dataset's tensors hold no graph: not visited
             )
         self.writer.end_holders(holders)
 

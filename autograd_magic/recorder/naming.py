@@ -44,9 +44,8 @@ def _children(obj: Any, path: str, skipped: set[str]) -> Iterator[tuple[Any, str
     if issubclass(kind, (list, tuple)):
         base = list if issubclass(kind, list) else tuple
         for i, item in enumerate(base.__getitem__(obj, slice(0, MAX_CONTAINER_ITEMS))):
-            # Nothing to name in leaves, nor in short lists of them (`history[i]` = [loss, acc]):
-            # a list of plain numbers costs no path string and no visit.
-            if type(item) not in _PLAIN_ATOMS and not _only_atoms(item):
+            # Nothing to name in a leaf: a list of plain numbers costs no path string.
+            if type(item) not in _PLAIN_ATOMS:
                 yield item, f"{path}[{i}]"
         return
     if issubclass(kind, dict):
@@ -87,22 +86,14 @@ def _children(obj: Any, path: str, skipped: set[str]) -> Iterator[tuple[Any, str
             yield value, f"{path}.{name}"
 
 
-def _only_atoms(item: Any) -> bool:
-    """True for a short plain list or tuple of plain numbers and strings (nothing to name)."""
-    return (
-        (type(item) is list or type(item) is tuple)
-        and len(item) <= _SHORT
-        and all(type(x) in _PLAIN_ATOMS for x in item)
-    )
-
-
-def _nothing_worth(child: Any, worth: Callable[[torch.Tensor], bool]) -> bool:
-    """True for a plain tensor that `worth` does not want, and for a short plain list, tuple or
-    dict of such tensors and plain numbers (a dataset's `(x, y)` sample): no visit of it or of
-    what it holds can note anything."""
+def _nothing_worth(child: Any, worth: Callable[[torch.Tensor], bool] | None) -> bool:
+    """True where no visit of `child` or of what it holds can note anything: a plain tensor that
+    `worth` does not want (without `worth`, every tensor is wanted), and a short plain list,
+    tuple or dict of such tensors and plain numbers (`history[i]` = [loss, acc], a dataset's
+    `(x, y)` sample)."""
     kind = type(child)
     if kind is _Tensor:
-        return not worth(child)
+        return worth is not None and not worth(child)
     if kind is tuple or kind is list:
         items: Any = child
     elif kind is dict:
@@ -114,7 +105,7 @@ def _nothing_worth(child: Any, worth: Callable[[torch.Tensor], bool]) -> bool:
     for item in items:
         item_kind = type(item)
         if item_kind is _Tensor:
-            if worth(item):
+            if worth is None or worth(item):
                 return False
         elif item_kind not in _PLAIN_ATOMS:
             return False
@@ -185,8 +176,9 @@ def walk_namespace(
 ) -> bool:
     """Call `visit(obj, path)` for each path to each object reachable from `roots` (shortest
     first; each object walked into once); False when time ran out. Types not walked into
-    because reading them would run user code are added to `skipped`. `worth(tensor)` False: a
-    plain tensor found inside something (a dataset's samples) is not visited."""
+    because reading them would run user code are added to `skipped`. Short plain containers of
+    plain numbers are not visited, nor, where `worth(tensor)` is False, a plain tensor found
+    inside something (a dataset's samples) or such containers of them."""
     skipped = set() if skipped is None else skipped
     deadline = time.perf_counter() + budget_s
     seen: set[int] = set()
@@ -218,7 +210,7 @@ def walk_namespace(
             # .in_proj_weight` is as close to the user as `model`; the tree is finite.
             in_module = issubclass(kind, torch.nn.Module)
             for child, child_path in _children(obj, path, skipped):
-                if worth is not None and _nothing_worth(child, worth):
+                if _nothing_worth(child, worth):
                     # Counted against the budget as a visit would be: a list of 10,000 skipped
                     # samples takes time too.
                     steps += 1
@@ -244,7 +236,7 @@ def find_names(
     names: dict[int, str] = {}
 
     def worth(tensor: torch.Tensor) -> bool:
-        return id(tensor) in wanted or also_wants is None or also_wants(tensor)
+        return id(tensor) in wanted or (also_wants is not None and also_wants(tensor))
 
     def visit(obj: Any, path: str) -> None:
         uid = wanted.get(id(obj))
@@ -253,7 +245,13 @@ def find_names(
         if also is not None:
             also(obj, path)
 
-    complete = walk_namespace(roots, visit, budget_s=budget_s, skipped=skipped, worth=worth)
+    complete = walk_namespace(
+        roots,
+        visit,
+        budget_s=budget_s,
+        skipped=skipped,
+        worth=None if also_wants is None else worth,
+    )
     return names, complete
 
 
