@@ -22,39 +22,26 @@ from benchmarks.timing import interleave
 Kind = tuple[str, Callable[[int], Callable[[], None]]]
 
 
-def _grad_off(n: int) -> Callable[[], None]:
-    x = torch.randn(16)
+def _chain(
+    op: Callable[[torch.Tensor], torch.Tensor], requires_grad: bool = True, backward: bool = False
+) -> Callable[[int], Callable[[], None]]:
+    """A loop of `n` calls of `op`, each on the last one's result, from 16 floats (requiring
+    grad or not); the chain's nodes die when the loop returns, or after a backward through it."""
 
-    def run() -> None:
-        y = x
-        for _ in range(n):
-            y = y.sin()
+    def build(n: int) -> Callable[[], None]:
+        x = torch.randn(16, requires_grad=requires_grad)
 
-    return run
+        def run() -> None:
+            y = x * 1.0 if requires_grad else x
+            for _ in range(n):
+                y = op(y)
+            if backward:
+                y.sum().backward()
+                x.grad = None
 
+        return run
 
-def _node(n: int) -> Callable[[], None]:
-    x = torch.randn(16, requires_grad=True)
-
-    def run() -> None:
-        y = x * 1.0
-        for _ in range(n):
-            y = y * 1.0001  # MulBackward0 with a scalar: a node, nothing saved
-        del y  # the chain's nodes die here
-
-    return run
-
-
-def _node_and_saved(n: int) -> Callable[[], None]:
-    x = torch.randn(16, requires_grad=True)
-
-    def run() -> None:
-        y = x * 1.0
-        for _ in range(n):
-            y = y.sin()  # SinBackward0 saves its input
-        del y
-
-    return run
+    return build
 
 
 def _write(n: int) -> Callable[[], None]:
@@ -67,25 +54,21 @@ def _write(n: int) -> Callable[[], None]:
     return run
 
 
-def _backward(n: int) -> Callable[[], None]:
-    x = torch.randn(16, requires_grad=True)
+def _sin(y: torch.Tensor) -> torch.Tensor:
+    return y.sin()  # SinBackward0 saves its input
 
-    def run() -> None:
-        y = x * 1.0
-        for _ in range(n):
-            y = y.sin()
-        y.sum().backward()  # per node: its saved tensor unpacked and released, the node freed
-        x.grad = None
 
-    return run
+def _scale(y: torch.Tensor) -> torch.Tensor:
+    return y * 1.0001  # MulBackward0 with a scalar: a node, nothing saved
 
 
 KINDS: tuple[Kind, ...] = (
-    ("grad-off call (no node)", _grad_off),
-    ("op making a node (birth and death)", _node),
-    ("op making a node and saving a tensor", _node_and_saved),
+    ("grad-off call (no node)", _chain(_sin, requires_grad=False)),
+    ("op making a node (birth and death)", _chain(_scale)),
+    ("op making a node and saving a tensor", _chain(_sin)),
     ("in-place write", _write),
-    ("op with a saved tensor, then backward through it", _backward),
+    # per node: its saved tensor unpacked and released, the node freed
+    ("op with a saved tensor, then backward through it", _chain(_sin, backward=True)),
 )
 
 

@@ -88,10 +88,12 @@ def _small_block_us(rounds: int) -> float:
     """Microseconds added per op by tracking a block of SMALL_BLOCK_OPS of the same loop: the
     median over rounds of (tracked - untracked), the two alternated."""
     block = million_ops(SMALL_BLOCK_OPS)
-    added = [_timed(block, tracked=True) - _timed(block, tracked=False) for _ in range(rounds + 1)][
-        1:
-    ]  # the first round warms the caches up
-    return statistics.median(added) / SMALL_BLOCK_OPS * 1e6
+
+    def added() -> float:
+        return _timed(block, tracked=True) - _timed(block, tracked=False)
+
+    added()  # warms the caches up
+    return statistics.median(added() for _ in range(rounds)) / SMALL_BLOCK_OPS * 1e6
 
 
 def measure(ops: int, small_rounds: int = SMALL_BLOCK_ROUNDS) -> list[Row]:
