@@ -9,7 +9,7 @@ from torch.overrides import TorchFunctionMode
 
 import autograd_magic
 from autograd_magic.recorder import native
-from benchmarks.results import RATIO_TARGETS, Row, verdict
+from benchmarks.results import ONE_BLOCK_TARGET, RATIO_TARGETS, Floor, Row, verdict
 from benchmarks.timing import interleave, ratios
 from benchmarks.workloads import Workload
 
@@ -51,17 +51,23 @@ def variants(workload: Workload, steps: int) -> dict[str, Callable[[], None]]:
     def mechanism() -> None:
         # What the design's hooks cost with no bookkeeping at all: the floor for `tracked`.
         for _ in range(steps):
-            with _EmptyMode(), torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
+            with EmptyMode(), torch.autograd.graph.saved_tensors_hooks(keep, keep):
+                step()
+
+    def mechanism_loop() -> None:
+        # The floor for `tracked_loop`: the same hooks, one block around all the steps.
+        with EmptyMode(), torch.autograd.graph.saved_tensors_hooks(keep, keep):
+            for _ in range(steps):
                 step()
 
     def mode_only() -> None:
         for _ in range(steps):
-            with _EmptyMode():
+            with EmptyMode():
                 step()
 
     def hooks_only() -> None:
         for _ in range(steps):
-            with torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
+            with torch.autograd.graph.saved_tensors_hooks(keep, keep):
                 step()
 
     return {
@@ -71,6 +77,7 @@ def variants(workload: Workload, steps: int) -> dict[str, Callable[[], None]]:
         "tracked_pure": pure_python(tracked),
         "tracked_loop": tracked_loop,
         "mechanism": mechanism,
+        "mechanism_loop": mechanism_loop,
         "mode_only": mode_only,
         "hooks_only": hooks_only,
     }
@@ -90,7 +97,9 @@ def pure_python(run: Callable[[], None]) -> Callable[[], None]:
     return run_pure
 
 
-class _EmptyMode(TorchFunctionMode):
+class EmptyMode(TorchFunctionMode):
+    """A function mode that only passes each call on: the mechanism's cost, no bookkeeping."""
+
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         return func(*args, **(kwargs or {}))
 
@@ -106,7 +115,8 @@ def _events_per_step(workload: Workload) -> int:
     return trace.seq
 
 
-def _keep(value: object) -> object:
+def keep(value: object) -> object:
+    """A saved-tensor hook that keeps the tensor as is."""
     return value
 
 
@@ -115,13 +125,13 @@ def measure(workload: Workload, rounds: int, warmup: int, steps: int = 1) -> Row
     times = interleave(variants(workload, steps), rounds, warmup)
     found = ratios(times, "untracked")
     ours, peer, loop = found["tracked"], found["profiler"], found["tracked_loop"]
-    floor = found["mechanism"]
+    mechanism = found["mechanism"]
     base_ms = sorted(times["untracked"])[len(times["untracked"]) // 2] * 1e3 / steps
     limit = RATIO_TARGETS[workload.key]
     events = _events_per_step(workload)
     extra_us = {
         name: (_median(times[name]) - _median(times["untracked"])) * 1e6 / steps / max(events, 1)
-        for name in ("tracked", "tracked_pure")
+        for name in ("tracked", "tracked_pure", "tracked_loop")
     }
     return Row(
         key=workload.key,
@@ -138,7 +148,8 @@ def measure(workload: Workload, rounds: int, warmup: int, steps: int = 1) -> Row
             f"the same {steps} step(s) in one tracked block (a cell holding the loop): "
             f"{loop.describe()}",
             f"the mechanism alone (an empty TorchFunctionMode and no-op saved-tensor hooks per "
-            f"block, no bookkeeping): {floor.describe()}; the empty mode alone "
+            f"block, no bookkeeping): {mechanism.describe()}, around all {steps} step(s) in one "
+            f"block {found['mechanism_loop'].describe()}; the empty mode alone "
             f"{found['mode_only'].describe()}; the no-op hooks alone "
             f"{found['hooks_only'].describe()}",
             f"recorder {native.STATUS}; the pure-Python recorder in the same rounds: "
@@ -150,4 +161,12 @@ def measure(workload: Workload, rounds: int, warmup: int, steps: int = 1) -> Row
         peer_ratio=peer.median,
         in_one_block=loop.describe(),
         in_one_block_ratio=loop.median,
+        floor=Floor(limit, mechanism.median, base_ms, events, extra_us["tracked"]),
+        one_block_floor=Floor(
+            ONE_BLOCK_TARGET,
+            found["mechanism_loop"].median,
+            base_ms,
+            events,
+            extra_us["tracked_loop"],
+        ),
     )

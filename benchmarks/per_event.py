@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 import autograd_magic
-from benchmarks.overhead import _EmptyMode, _keep, pure_python
+from benchmarks.overhead import EmptyMode, keep, pure_python
 from benchmarks.results import Row
 from benchmarks.timing import interleave
 
@@ -78,7 +78,7 @@ def _variants(run: Callable[[], None]) -> dict[str, Callable[[], None]]:
             run()
 
     def mechanism() -> None:
-        with _EmptyMode(), torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
+        with EmptyMode(), torch.autograd.graph.saved_tensors_hooks(keep, keep):
             run()
 
     return {

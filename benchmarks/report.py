@@ -67,9 +67,14 @@ def _cells(row: Row) -> tuple[str, ...]:
 
 
 def table_text(rows: list[Row]) -> str:
+    """The results as a plain-text table."""
+    return text_table(COLUMNS, [_cells(r) for r in rows])
+
+
+def text_table(header: tuple[str, ...], body: list[tuple[str, ...]]) -> str:
     """A plain-text table, columns padded to their widest cell."""
-    cells = [COLUMNS, *(_cells(r) for r in rows)]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+    cells = [header, *body]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(cell, widths, strict=True)) for cell in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(line.rstrip() for line in lines)
@@ -141,6 +146,40 @@ def targets(rows: list[Row]) -> list[tuple[str, str, str]]:
     ]
 
 
+FLOOR_COLUMNS = (
+    "#",
+    "target",
+    "mechanism alone",
+    "untracked step",
+    "events per step",
+    "left per event",
+    "ours per event now",
+)
+
+
+def floors(rows: list[Row]) -> list[tuple[str, ...]]:
+    """Per ratio target: what the mechanism alone, measured in the same rounds, leaves of it
+    for the recorder's own work per event; 'none' where no recorder on that mechanism meets it."""
+    body = []
+    for row in rows:
+        floor = row.floor
+        if floor is None:
+            continue
+        left = f"{floor.budget_us:.2f} us" if floor.reachable else "none: unreachable"
+        body.append(
+            (
+                row.key,
+                f"<= {floor.target:.2f}x",
+                f"{floor.mechanism:.2f}x",
+                f"{floor.step_ms:.2f} ms",
+                f"{floor.events:,}",
+                left,
+                f"{floor.ours_us:.2f} us",
+            )
+        )
+    return body
+
+
 def markdown(
     rows: list[Row], quick: bool, elapsed_s: float, where: list[str], notes: str = ""
 ) -> str:
@@ -167,6 +206,17 @@ def markdown(
         "## Targets (issues 6, 12, 14, 23)",
         "",
         table_markdown(("workload", "target", "verdict"), targets(rows)),
+        "",
+        "## What the mechanism leaves of each ratio target (issue 23)",
+        "",
+        "Any recorder built on a Python function mode and saved-tensor hooks pays at least what "
+        "those cost with no bookkeeping at all (`mechanism alone`: an empty `TorchFunctionMode` "
+        "and no-op hooks, interleaved with the other variants). `left per event` is the host "
+        "time per recorded event the target leaves above that: (target - mechanism) x untracked "
+        "step / events. `ours per event now` is what tracking adds per event above the untracked "
+        "step (the mechanism included).",
+        "",
+        table_markdown(FLOOR_COLUMNS, floors(rows)) if floors(rows) else "No overhead row ran.",
         "",
         "## What ran",
         "",

@@ -31,6 +31,28 @@ MET, MISSED, SKIPPED, PENDING = "met", "missed", "skipped", "pending"
 
 
 @dataclass
+class Floor:
+    """What the mechanism alone (an empty function mode and no-op saved-tensor hooks, measured in
+    the same rounds) leaves of a ratio target for the recorder's own work (issue 23)."""
+
+    target: float  # tracked / untracked
+    mechanism: float  # mechanism alone / untracked, median
+    step_ms: float  # untracked, median, per step
+    events: int  # recorded events per step
+    ours_us: float  # host time the recorder adds per event now, above the untracked step
+
+    @property
+    def reachable(self) -> bool:
+        """False when the mechanism alone already costs the target: no recorder on it meets it."""
+        return self.mechanism < self.target
+
+    @property
+    def budget_us(self) -> float:
+        """Host time per event the target leaves the recorder above the mechanism (<= 0: none)."""
+        return (self.target - self.mechanism) * self.step_ms * 1e3 / max(self.events, 1)
+
+
+@dataclass
 class Row:
     """One line of the results table; `details` go under the table in BENCHMARKS.md."""
 
@@ -45,6 +67,8 @@ class Row:
     peer_ratio: float | None = None  # torch.profiler / untracked, median
     in_one_block: str | None = None  # the same steps all in one tracked block, described
     in_one_block_ratio: float | None = None
+    floor: Floor | None = None  # overhead rows: what the mechanism leaves of the target
+    one_block_floor: Floor | None = None  # the same, for the steps in one block (row 10b)
 
 
 def verdict(ok: bool) -> str:

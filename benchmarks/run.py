@@ -114,6 +114,8 @@ def _with_one_block(row: Row) -> list[Row]:
         target=f"<= {ONE_BLOCK_TARGET:.2f}x",
         verdict=verdict(row.in_one_block_ratio <= ONE_BLOCK_TARGET),
         details=["row 10's steps in one track() block (a cell holding the loop), same rounds"],
+        ratio=row.in_one_block_ratio,
+        floor=row.one_block_floor,
     )
     return [row, one_block]
 
@@ -256,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - start
     print("\n".join(where))
     print(report.table_text(rows))
+    if report.floors(rows):
+        print("\nwhat the mechanism alone leaves of each ratio target, per recorded event:")
+        print(report.text_table(report.FLOOR_COLUMNS, report.floors(rows)))
     if not (args.no_write or wanted):
         text = report.markdown(rows, plan.quick, elapsed, where, _kept_notes(args.output))
         args.output.write_text(text, encoding="utf-8")

@@ -71,5 +71,25 @@ def test_quick_suite_reports_every_workload(tmp_path: Path) -> None:
         "the empty mode alone",
         "torch 2.",
         "CPU: ",
+        "## What the mechanism leaves of each ratio target (issue 23)",
     ):
         assert section in written
+    floor_table = written.split("## What the mechanism leaves")[1].split("## What ran")[0]
+    for key in FLOOR_KEYS:
+        assert f"\n| {key} | <= " in floor_table, f"no floor for row {key}"
+
+
+# The ratio rows that run without a GPU: each gets what the mechanism leaves of its target.
+FLOOR_KEYS = ("1", "2", "3", "4", "9", "10", "10b", "11", "12")
+
+
+def test_floor_budget_is_what_the_target_leaves_above_the_mechanism() -> None:
+    """GIVEN a target, the mechanism's ratio, the step and its events THEN the budget per event
+    is (target - mechanism) x step / events, and a mechanism at the target leaves none."""
+    from benchmarks.results import Floor
+
+    room = Floor(target=1.10, mechanism=1.05, step_ms=10.0, events=50, ours_us=30.0)
+    none = Floor(target=1.10, mechanism=1.10, step_ms=10.0, events=50, ours_us=30.0)
+
+    assert room.reachable and abs(room.budget_us - 10.0) < 1e-9
+    assert not none.reachable
