@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 import autograd_magic
 from autograd_magic.recorder import native
+from benchmarks import floor
 from benchmarks.results import ONE_BLOCK_TARGET, RATIO_TARGETS, Floor, Row, verdict
 from benchmarks.timing import interleave, ratios
 from benchmarks.workloads import Workload
@@ -51,23 +51,33 @@ def variants(workload: Workload, steps: int) -> dict[str, Callable[[], None]]:
     def mechanism() -> None:
         # What the design's hooks cost with no bookkeeping at all: the floor for `tracked`.
         for _ in range(steps):
-            with EmptyMode(), torch.autograd.graph.saved_tensors_hooks(keep, keep):
+            with floor.mechanism():
                 step()
 
     def mechanism_loop() -> None:
         # The floor for `tracked_loop`: the same hooks, one block around all the steps.
-        with EmptyMode(), torch.autograd.graph.saved_tensors_hooks(keep, keep):
+        with floor.mechanism():
+            for _ in range(steps):
+                step()
+
+    def reads_only() -> None:
+        for _ in range(steps):
+            with floor.reads_only():
+                step()
+
+    def reads_only_loop() -> None:
+        with floor.reads_only():
             for _ in range(steps):
                 step()
 
     def mode_only() -> None:
         for _ in range(steps):
-            with EmptyMode():
+            with floor.EmptyMode():
                 step()
 
     def hooks_only() -> None:
         for _ in range(steps):
-            with torch.autograd.graph.saved_tensors_hooks(keep, keep):
+            with torch.autograd.graph.saved_tensors_hooks(floor.keep, floor.keep):
                 step()
 
     return {
@@ -78,6 +88,8 @@ def variants(workload: Workload, steps: int) -> dict[str, Callable[[], None]]:
         "tracked_loop": tracked_loop,
         "mechanism": mechanism,
         "mechanism_loop": mechanism_loop,
+        "reads_only": reads_only,
+        "reads_only_loop": reads_only_loop,
         "mode_only": mode_only,
         "hooks_only": hooks_only,
     }
@@ -97,13 +109,6 @@ def pure_python(run: Callable[[], None]) -> Callable[[], None]:
     return run_pure
 
 
-class EmptyMode(TorchFunctionMode):
-    """A function mode that only passes each call on: the mechanism's cost, no bookkeeping."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        return func(*args, **(kwargs or {}))
-
-
 def _median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
@@ -113,11 +118,6 @@ def _events_per_step(workload: Workload) -> int:
     with autograd_magic.track() as trace:
         workload.step()
     return trace.seq
-
-
-def keep(value: object) -> object:
-    """A saved-tensor hook that keeps the tensor as is."""
-    return value
 
 
 def measure(workload: Workload, rounds: int, warmup: int, steps: int = 1) -> Row:
@@ -151,7 +151,9 @@ def measure(workload: Workload, rounds: int, warmup: int, steps: int = 1) -> Row
             f"block, no bookkeeping): {mechanism.describe()}, around all {steps} step(s) in one "
             f"block {found['mechanism_loop'].describe()}; the empty mode alone "
             f"{found['mode_only'].describe()}; the no-op hooks alone "
-            f"{found['hooks_only'].describe()}",
+            f"{found['hooks_only'].describe()}; the reads alone (the mechanism tagging each new "
+            f"node and reading each saved tensor, no records: benchmarks/floor.py): "
+            f"{found['reads_only'].describe()}, in one block {found['reads_only_loop'].describe()}",
             f"recorder {native.STATUS}; the pure-Python recorder in the same rounds: "
             f"{found['tracked_pure'].describe()}; {events:,} recorded events per step, host time "
             f"added per event {extra_us['tracked']:.2f} us compiled, "
@@ -161,12 +163,20 @@ def measure(workload: Workload, rounds: int, warmup: int, steps: int = 1) -> Row
         peer_ratio=peer.median,
         in_one_block=loop.describe(),
         in_one_block_ratio=loop.median,
-        floor=Floor(limit, mechanism.median, base_ms, events, extra_us["tracked"]),
+        floor=Floor(
+            limit,
+            mechanism.median,
+            base_ms,
+            events,
+            extra_us["tracked"],
+            found["reads_only"].median,
+        ),
         one_block_floor=Floor(
             ONE_BLOCK_TARGET,
             found["mechanism_loop"].median,
             base_ms,
             events,
             extra_us["tracked_loop"],
+            found["reads_only_loop"].median,
         ),
     )

@@ -15,7 +15,8 @@ from collections.abc import Callable
 import torch
 
 import autograd_magic
-from benchmarks.overhead import EmptyMode, keep, pure_python
+from benchmarks import floor
+from benchmarks.overhead import pure_python
 from benchmarks.results import Row
 from benchmarks.timing import interleave
 
@@ -78,7 +79,7 @@ def _variants(run: Callable[[], None]) -> dict[str, Callable[[], None]]:
             run()
 
     def mechanism() -> None:
-        with EmptyMode(), torch.autograd.graph.saved_tensors_hooks(keep, keep):
+        with floor.mechanism():
             run()
 
     return {

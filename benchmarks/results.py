@@ -40,6 +40,7 @@ class Floor:
     step_ms: float  # untracked, median, per step
     events: int  # recorded events per step
     ours_us: float  # host time the recorder adds per event now, above the untracked step
+    reads_only: float | None = None  # the mechanism doing only an ideal recorder's reads
 
     @property
     def reachable(self) -> bool:

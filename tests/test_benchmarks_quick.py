@@ -72,6 +72,8 @@ def test_quick_suite_reports_every_workload(tmp_path: Path) -> None:
         "torch 2.",
         "CPU: ",
         "## What the mechanism leaves of each ratio target (issue 23)",
+        "| reads alone |",
+        "the reads alone (the mechanism tagging each new node",
     ):
         assert section in written
     floor_table = written.split("## What the mechanism leaves")[1].split("## What ran")[0]
