@@ -71,10 +71,15 @@ def read_saved(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.grad_fn is None else tensor.detach()
 
 
+def no_op_hooks() -> torch.autograd.graph.saved_tensors_hooks:
+    """The mechanism's other half: saved-tensor hooks that keep each tensor as is."""
+    return torch.autograd.graph.saved_tensors_hooks(keep, keep)
+
+
 @contextlib.contextmanager
 def mechanism() -> Iterator[None]:
     """The mechanism alone: an empty mode and no-op hooks."""
-    with EmptyMode(), torch.autograd.graph.saved_tensors_hooks(keep, keep):
+    with EmptyMode(), no_op_hooks():
         yield
 
 

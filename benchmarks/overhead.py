@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -23,75 +24,49 @@ def _profiler(device: str) -> torch.profiler.profile:
     )
 
 
+Block = Callable[[], AbstractContextManager[object]]
+
+
 def variants(workload: Workload, steps: int) -> dict[str, Callable[[], None]]:
     """The ways to run `steps` steps: bare; each under its own `track()` block and each under its
     own torch.profiler (one step per block, as a cell holding one step would be: the verdict);
-    and all in one `track()` block, as a cell holding a training loop would be."""
+    all in one `track()` block, as a cell holding a training loop would be; and the floors under
+    both (benchmarks/floor.py), with the mechanism's two halves apart."""
     step = workload.step
 
     def untracked() -> None:
         for _ in range(steps):
             step()
 
-    def tracked() -> None:
-        for _ in range(steps):
-            with autograd_magic.track():
-                step()
-
-    def profiled() -> None:
-        for _ in range(steps):
-            with _profiler(workload.device):
-                step()
-
-    def tracked_loop() -> None:
-        with autograd_magic.track():
+    def each_in(block: Block) -> Callable[[], None]:
+        def run() -> None:
             for _ in range(steps):
-                step()
+                with block():
+                    step()
 
-    def mechanism() -> None:
-        # What the design's hooks cost with no bookkeeping at all: the floor for `tracked`.
-        for _ in range(steps):
-            with floor.mechanism():
-                step()
+        return run
 
-    def mechanism_loop() -> None:
-        # The floor for `tracked_loop`: the same hooks, one block around all the steps.
-        with floor.mechanism():
-            for _ in range(steps):
-                step()
+    def all_in(block: Block) -> Callable[[], None]:
+        def run() -> None:
+            with block():
+                for _ in range(steps):
+                    step()
 
-    def reads_only() -> None:
-        for _ in range(steps):
-            with floor.reads_only():
-                step()
+        return run
 
-    def reads_only_loop() -> None:
-        with floor.reads_only():
-            for _ in range(steps):
-                step()
-
-    def mode_only() -> None:
-        for _ in range(steps):
-            with floor.EmptyMode():
-                step()
-
-    def hooks_only() -> None:
-        for _ in range(steps):
-            with torch.autograd.graph.saved_tensors_hooks(floor.keep, floor.keep):
-                step()
-
+    tracked = each_in(autograd_magic.track)
     return {
         "untracked": untracked,
         "tracked": tracked,
-        "profiler": profiled,
+        "profiler": each_in(lambda: _profiler(workload.device)),
         "tracked_pure": pure_python(tracked),
-        "tracked_loop": tracked_loop,
-        "mechanism": mechanism,
-        "mechanism_loop": mechanism_loop,
-        "reads_only": reads_only,
-        "reads_only_loop": reads_only_loop,
-        "mode_only": mode_only,
-        "hooks_only": hooks_only,
+        "tracked_loop": all_in(autograd_magic.track),
+        "mechanism": each_in(floor.mechanism),
+        "mechanism_loop": all_in(floor.mechanism),
+        "reads_only": each_in(floor.reads_only),
+        "reads_only_loop": all_in(floor.reads_only),
+        "mode_only": each_in(floor.EmptyMode),
+        "hooks_only": each_in(floor.no_op_hooks),
     }
 
 
