@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 
 import torch
 
@@ -11,7 +10,7 @@ import autograd_magic
 from autograd_magic.recorder import native
 from benchmarks import floor
 from benchmarks.results import ONE_BLOCK_TARGET, RATIO_TARGETS, Floor, Row, verdict
-from benchmarks.timing import interleave, ratios
+from benchmarks.timing import Block, inside, interleave, ratios
 from benchmarks.workloads import Workload
 
 
@@ -22,9 +21,6 @@ def _profiler(device: str) -> torch.profiler.profile:
     return torch.profiler.profile(
         activities=activities, profile_memory=True, record_shapes=True, with_stack=True
     )
-
-
-Block = Callable[[], AbstractContextManager[object]]
 
 
 def variants(workload: Workload, steps: int) -> dict[str, Callable[[], None]]:
@@ -39,20 +35,16 @@ def variants(workload: Workload, steps: int) -> dict[str, Callable[[], None]]:
             step()
 
     def each_in(block: Block) -> Callable[[], None]:
+        one = inside(block, step)
+
         def run() -> None:
             for _ in range(steps):
-                with block():
-                    step()
+                one()
 
         return run
 
     def all_in(block: Block) -> Callable[[], None]:
-        def run() -> None:
-            with block():
-                for _ in range(steps):
-                    step()
-
-        return run
+        return inside(block, untracked)
 
     tracked = each_in(autograd_magic.track)
     return {
@@ -88,11 +80,12 @@ def _median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
 
-def _events_per_step(workload: Workload) -> int:
-    """Events one tracked step records (each takes a sequence number in the trace)."""
+def events_per_step(run: Callable[[], None], steps: int = 1) -> int:
+    """Events a step records (each takes a sequence number in the trace), on average over the
+    `steps` steps `run` makes in one tracked block."""
     with autograd_magic.track() as trace:
-        workload.step()
-    return trace.seq
+        run()
+    return max(1, round(trace.seq / steps))
 
 
 def measure(workload: Workload, rounds: int, warmup: int, steps: int = 1) -> Row:
@@ -103,9 +96,9 @@ def measure(workload: Workload, rounds: int, warmup: int, steps: int = 1) -> Row
     mechanism = found["mechanism"]
     base_ms = sorted(times["untracked"])[len(times["untracked"]) // 2] * 1e3 / steps
     limit = RATIO_TARGETS[workload.key]
-    events = _events_per_step(workload)
+    events = events_per_step(workload.step)
     extra_us = {
-        name: (_median(times[name]) - _median(times["untracked"])) * 1e6 / steps / max(events, 1)
+        name: (_median(times[name]) - _median(times["untracked"])) * 1e6 / steps / events
         for name in ("tracked", "tracked_pure", "tracked_loop")
     }
     return Row(

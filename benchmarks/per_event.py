@@ -18,7 +18,7 @@ import autograd_magic
 from benchmarks import floor
 from benchmarks.overhead import pure_python
 from benchmarks.results import Row
-from benchmarks.timing import interleave
+from benchmarks.timing import inside, interleave
 
 Kind = tuple[str, Callable[[int], Callable[[], None]]]
 
@@ -74,17 +74,10 @@ KINDS: tuple[Kind, ...] = (
 
 
 def _variants(run: Callable[[], None]) -> dict[str, Callable[[], None]]:
-    def tracked() -> None:
-        with autograd_magic.track():
-            run()
-
-    def mechanism() -> None:
-        with floor.mechanism():
-            run()
-
+    tracked = inside(autograd_magic.track, run)
     return {
         "bare": run,
-        "mechanism": mechanism,
+        "mechanism": inside(floor.mechanism, run),
         "tracked": tracked,
         "tracked_pure": pure_python(tracked),
     }

@@ -186,6 +186,7 @@ def markdown(
     rows: list[Row], quick: bool, elapsed_s: float, where: list[str], notes: str = ""
 ) -> str:
     """The whole of BENCHMARKS.md; `where` is `machine()` taken when the run started."""
+    floor_rows = floors(rows)
     parts = [
         "# Benchmarks",
         "",
@@ -218,7 +219,7 @@ def markdown(
         "step / events. `ours per event now` is what tracking adds per event above the untracked "
         "step (the mechanism included).",
         "",
-        table_markdown(FLOOR_COLUMNS, floors(rows)) if floors(rows) else "No overhead row ran.",
+        table_markdown(FLOOR_COLUMNS, floor_rows) if floor_rows else "No overhead row ran.",
         "",
         "## What ran",
         "",

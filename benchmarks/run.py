@@ -258,9 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - start
     print("\n".join(where))
     print(report.table_text(rows))
-    if report.floors(rows):
+    floor_rows = report.floors(rows)
+    if floor_rows:
         print("\nwhat the mechanism alone leaves of each ratio target, per recorded event:")
-        print(report.text_table(report.FLOOR_COLUMNS, report.floors(rows)))
+        print(report.text_table(report.FLOOR_COLUMNS, floor_rows))
     if not (args.no_write or wanted):
         text = report.markdown(rows, plan.quick, elapsed, where, _kept_notes(args.output))
         args.output.write_text(text, encoding="utf-8")

@@ -22,11 +22,12 @@ from torch.nn import functional as F
 import autograd_magic
 from autograd_magic.recorder import native
 from benchmarks import floor
-from benchmarks.overhead import pure_python
+from benchmarks.overhead import events_per_step, pure_python
 from benchmarks.results import Floor, Row, verdict
-from benchmarks.timing import interleave, ratios
+from benchmarks.timing import inside, interleave, ratios
 
 TARGET = 1.5
+EVENT_STEPS = 20  # steps of a tracked run counted for events per step
 DETAILS = (
     "2-layer LSTM (hidden 64) over 200 tokens, seq 16, batch 8, hidden state detached each "
     "step, Adam; {steps:,} steps in one track() block (tracked) or bare, the cycle collector "
@@ -92,24 +93,13 @@ def measure(steps: int = 1000, rounds: int = 5) -> Row:
     """Interleave bare, tracked (compiled) and tracked (pure Python) runs of the script."""
     run = script(steps)
 
-    def tracked() -> None:
-        with autograd_magic.track():
-            run()
-
-    def mechanism() -> None:
-        with floor.mechanism():
-            run()
-
-    def reads_only() -> None:
-        with floor.reads_only():
-            run()
-
+    tracked = inside(autograd_magic.track, run)
     variants = {
         "untracked": run,
         "tracked": tracked,
         "tracked_pure": pure_python(tracked),
-        "mechanism": mechanism,
-        "reads_only": reads_only,
+        "mechanism": inside(floor.mechanism, run),
+        "reads_only": inside(floor.reads_only, run),
     }
     clock = _CollectorClock()
     gc.callbacks.append(clock)
@@ -130,7 +120,7 @@ def measure(steps: int = 1000, rounds: int = 5) -> Row:
         )
 
     ours = ratio["tracked"]
-    events = _events_per_step()
+    events = events_per_step(script(EVENT_STEPS), EVENT_STEPS)
     step_ms = median("untracked", 0) * 1e3 / steps
     ours_us = (median("tracked", 0) - median("untracked", 0)) * 1e6 / steps / events
     return Row(
@@ -153,11 +143,3 @@ def measure(steps: int = 1000, rounds: int = 5) -> Row:
             TARGET, ratio["mechanism"].median, step_ms, events, ours_us, ratio["reads_only"].median
         ),
     )
-
-
-def _events_per_step(steps: int = 20) -> int:
-    """Events a step of the script records (sequence numbers in the trace), on average."""
-    run = script(steps)
-    with autograd_magic.track() as trace:
-        run()
-    return max(1, round(trace.seq / steps))

@@ -11,10 +11,24 @@ import gc
 import statistics
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 T = TypeVar("T")
+
+# What a variant runs its workload inside: `track`, the profiler, a floor (a fresh one per call).
+Block = Callable[[], AbstractContextManager[object]]
+
+
+def inside(block: Block, run: Callable[[], None]) -> Callable[[], None]:
+    """`run` inside a fresh `block()`: one variant of a timed workload."""
+
+    def variant() -> None:
+        with block():
+            run()
+
+    return variant
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,8 @@ ROW_KEYS = (
     "15",
     "16",
 )
+# The ratio rows that run without a GPU: each gets what the mechanism leaves of its target.
+FLOOR_KEYS = ("1", "2", "3", "4", "9", "10", "10b", "11", "12")
 
 
 def _run_quick(output: Path) -> subprocess.CompletedProcess[str]:
@@ -79,10 +81,6 @@ def test_quick_suite_reports_every_workload(tmp_path: Path) -> None:
     floor_table = written.split("## What the mechanism leaves")[1].split("## What ran")[0]
     for key in FLOOR_KEYS:
         assert f"\n| {key} | <= " in floor_table, f"no floor for row {key}"
-
-
-# The ratio rows that run without a GPU: each gets what the mechanism leaves of its target.
-FLOOR_KEYS = ("1", "2", "3", "4", "9", "10", "10b", "11", "12")
 
 
 def test_floor_budget_is_what_the_target_leaves_above_the_mechanism() -> None:
