@@ -217,7 +217,11 @@ def markdown(
         "and no-op hooks, interleaved with the other variants). `left per event` is the host "
         "time per recorded event the target leaves above that: (target - mechanism) x untracked "
         "step / events. `ours per event now` is what tracking adds per event above the untracked "
-        "step (the mechanism included).",
+        "step (the mechanism included). `reads alone` is the mechanism doing only what an ideal "
+        "recorder could not skip (tag each new node, read each saved tensor's storage, size, "
+        "version, shape and dtype; no records, lines, deaths or writes: `benchmarks/floor.py`): "
+        "where it is at or above the target, no recorder that finds lines and records frees can "
+        "meet it.",
         "",
         table_markdown(FLOOR_COLUMNS, floor_rows) if floor_rows else "No overhead row ran.",
         "",

@@ -75,6 +75,7 @@ def test_quick_suite_reports_every_workload(tmp_path: Path) -> None:
         "CPU: ",
         "## What the mechanism leaves of each ratio target (issue 23)",
         "| reads alone |",
+        "`reads alone` is the mechanism doing only what an ideal recorder could not skip",
         "the reads alone (the mechanism tagging each new node",
     ):
         assert section in written
