@@ -998,3 +998,83 @@ def test_the_fallback_probe_reads_the_same_sequence_number(monkeypatch):
     before = torch._C._autograd._get_sequence_nr()
     assert nodes.current_sequence_nr() == before
     assert torch._C._autograd._get_sequence_nr() == before + 1
+
+
+# ----- a saved input is held as autograd holds it: its TensorImpl, not its Python object -----
+# (issue 31, item 1: PyTorch's use-count guard, refcounts and the object read back in backward)
+
+
+def _swap_a_saved_input() -> Any:
+    a = torch.ones(3, requires_grad=True)
+    b = torch.tensor([1.0, 2.0, 3.0])
+    out = (a * b).sum()
+    torch.utils.swap_tensors(b, torch.zeros(3))  # untracked: refused, b is saved for backward
+    out.backward()
+    return a.grad
+
+
+def _load_state_dict_with_swap_between_forward_and_backward() -> Any:
+    was = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        model = torch.nn.Linear(3, 2)
+        loss = model(torch.ones(1, 3)).sum()
+        model.load_state_dict({k: torch.zeros_like(v) for k, v in model.state_dict().items()})
+        loss.backward()
+        return model.weight.grad
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(was)
+
+
+@pytest.mark.parametrize(
+    "case", [_swap_a_saved_input, _load_state_dict_with_swap_between_forward_and_backward]
+)
+def test_swapping_a_tensor_saved_for_backward_is_refused_as_untracked(case, gc_disabled):
+    untracked, _ = _outcome(case, tracked=False)
+    tracked, _ = _outcome(case, tracked=True)
+    assert isinstance(untracked, tuple) and untracked[0] is RuntimeError, untracked
+    assert tracked == untracked
+
+
+def _saved_input_counts(tracked: bool) -> tuple[int, int]:
+    b = torch.tensor([1.0, 2.0, 3.0])
+    with am.track() if tracked else contextlib.nullcontext():
+        a = torch.ones(3, requires_grad=True)
+        out = (a * b).sum()
+        counts = (sys.getrefcount(b), b._use_count())
+    del out
+    return counts
+
+
+def test_a_saved_input_has_the_refcount_and_use_count_it_has_untracked(gc_disabled):
+    assert _saved_input_counts(tracked=True) == _saved_input_counts(tracked=False)
+
+
+class _Scale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x, weight)
+        return x * weight
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        _Scale.seen = (type(weight).__name__, getattr(weight, "note", None))
+        return grad * weight, grad * x
+
+
+def test_a_custom_backward_reads_back_what_any_saved_tensor_hooks_give(gc_disabled):
+    """A known difference (README, Limits): with any saved-tensor hooks set, PyTorch unpacks a
+    saved tensor as a new plain Tensor, so a saved Parameter comes back without the attributes
+    the user set on it. Tracked gives exactly what an identity `saved_tensors_hooks` gives."""
+
+    def run(context: Any) -> tuple:
+        weight = torch.nn.Parameter(torch.ones(3))
+        weight.note = "mine"
+        with context:
+            _Scale.apply(torch.ones(3, requires_grad=True), weight).sum().backward()
+        return _Scale.seen
+
+    assert run(contextlib.nullcontext()) == ("Parameter", "mine")
+    identity = torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+    assert run(am.track()) == run(identity) == ("Tensor", None)

@@ -120,11 +120,13 @@ def holder_of(packed: list[PackedSaved], storage_key: int, holders: Holders) -> 
     """Why the storage that `packed` (the live saved buffers on one storage) saved is not the
     graph's alone, or "" when it is."""
     held: dict[int, torch.Tensor] = {}  # each TensorImpl we know of, once
-    packs: dict[int, int] = {}  # TensorImpl -> packed objects holding it
+    packs: dict[int, int] = {}  # TensorImpl -> packed objects holding its Python object
+    slots: dict[int, int] = {}  # TensorImpl -> packed objects holding it in a C++ slot
     views_on: dict[int, int] = {}  # TensorImpl -> views among ours whose base it is
     for pack in packed:
         tensor = pack.tensor
-        packs[id(tensor)] = packs.get(id(tensor), 0) + 1
+        counts = slots if pack.held_in_slot else packs
+        counts[id(tensor)] = counts.get(id(tensor), 0) + 1
         held[id(tensor)] = tensor
     for tensor in list(held.values()):
         if tensor._is_view():
@@ -135,7 +137,8 @@ def holder_of(packed: list[PackedSaved], storage_key: int, holders: Holders) -> 
             del base
     del tensor
     for key in held:
-        reason = _held_outside(held, key, packs.get(key, 0), views_on.get(key, 0), holders)
+        ours = (packs.get(key, 0), slots.get(key, 0))
+        reason = _held_outside(held, key, ours, views_on.get(key, 0), holders)
         if reason:
             return reason
     if _storage_use_count is not None:
@@ -149,21 +152,27 @@ def holder_of(packed: list[PackedSaved], storage_key: int, holders: Holders) -> 
 
 
 def _held_outside(
-    held: dict[int, torch.Tensor], key: int, packs: int, views: int, holders: Holders
+    held: dict[int, torch.Tensor],
+    key: int,
+    ours: tuple[int, int],
+    views: int,
+    holders: Holders,
 ) -> HeldBy:
-    """Why one TensorImpl has a holder beyond the graph ("" when it has none)."""
+    """Why one TensorImpl has a holder beyond the graph ("" when it has none); `ours` counts
+    the packed objects holding it by its Python object and by a C++ slot."""
     tensor = held[key]
+    packs, slots = ours
     role = holders.module_role(tensor)
     if role is not None:
         return role
     uses = tensor._use_count() if _HAS_USE_COUNT else 1  # type: ignore[attr-defined]
-    # C++ references: the Python object, each of our views' base link, and the AccumulateGrad
-    # node of a leaf that requires grad (part of the graph).
-    own_cpp = 1 + views + (1 if tensor.is_leaf and tensor.requires_grad else 0)
+    # C++ references: the Python object, each of our slots and views' base links, and the
+    # AccumulateGrad node of a leaf that requires grad (part of the graph).
+    own_cpp = 1 + slots + views + (1 if tensor.is_leaf and tensor.requires_grad else 0)
     if uses > own_cpp:
         return "elsewhere"
     # Python references: `held`, `tensor` here, getrefcount's argument, each packed object,
     # and the C++ side's own reference to the Python object while it holds the tensor too.
     if sys.getrefcount(tensor) - 3 - packs - (1 if uses > 1 else 0) > 0:
-        return "user tensor" if packs else "live tensor"
+        return "user tensor" if packs or slots else "live tensor"
     return ""

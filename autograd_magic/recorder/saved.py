@@ -9,6 +9,7 @@ is read to assign buffers to nodes runs only our own unpack hook (`probe_saved`)
 from __future__ import annotations
 
 import re
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -21,19 +22,74 @@ if TYPE_CHECKING:
     from autograd_magic.recorder.writer import TraceWriter
 
 
+class TensorSlots:
+    """Tensors held as autograd's own saved slots hold them: a C++ reference to the tensor
+    (its TensorImpl), never one to its Python object.
+
+    So a saved input's use count, refcount and `gc` view are as untracked (PyTorch's
+    `swap_tensors` guard counts uses), and reading a slot gives back the user's own object, a
+    `Parameter` with its attributes. The table is a typed `List[Tensor]` made in C++
+    (`torch._C.ScriptList`); a slot is emptied the moment its packed object dies."""
+
+    def __init__(self) -> None:
+        self._empty = torch.empty(0)
+        self._table: Any = _new_tensor_list([self._empty])
+        self._free: list[int] = []
+        self._grow = threading.Lock()
+
+    def hold(self, tensor: torch.Tensor) -> int:
+        """A slot now holding `tensor`; -1 where this torch has no such table."""
+        table = self._table
+        if table is None:
+            return -1
+        try:
+            slot = self._free.pop()  # atomic: finalizers on autograd's threads give slots back
+        except IndexError:
+            with self._grow:
+                slot = len(table)
+                table.append(tensor)
+            return slot
+        table[slot] = tensor
+        return slot
+
+    def get(self, slot: int) -> torch.Tensor:
+        return self._table[slot]
+
+    def release(self, slot: int) -> None:
+        """Let go of the slot's tensor now (what autograd's slot does when it is released)."""
+        table = self._table
+        # Taken out first so that its last reference dies here, in Python, and not inside the
+        # list's C++ assignment, where a finalizer it runs could append to the same list.
+        tensor = table[slot]
+        table[slot] = self._empty
+        self._free.append(slot)
+        del tensor
+
+
+def _new_tensor_list(items: list[torch.Tensor]) -> Any:
+    try:
+        return torch._C.ScriptList(items)
+    except Exception:  # a torch without TorchScript's list: hold Python objects instead
+        return None
+
+
+SLOTS = TensorSlots()
+
+
 class PackedSaved:
     """What autograd holds in a saved slot while our hooks are on; its death = buffer released."""
 
     __slots__ = (
         "__weakref__",
         "buffer_id",
+        "detached",
         "grad_fn_name",
         "had_grad_fn",
         "held_by",
         "nbytes",
         "output_nr",
+        "slot",
         "storage_key",
-        "tensor",
         "version",
         "writer_ref",
     )
@@ -46,41 +102,58 @@ class PackedSaved:
         buffer_id: int,
         keep_original: bool = False,
     ) -> None:
-        # PyTorch itself keeps a saved input or leaf (the tensor object: its Python object stays
-        # alive with the graph) but only the data of a saved output. Doing the same keeps every
-        # freeing moment unchanged; `keep_original` is only set when `tensor.grad_fn` cannot be
-        # the node being built, so the output cycle of trap 1 cannot form.
+        # PyTorch itself keeps a saved input or leaf (its TensorImpl, whose Python object then
+        # lives on with the graph) but only the data of a saved output. Doing the same keeps
+        # every freeing moment, use count and refcount unchanged; `keep_original` is only set
+        # when `tensor.grad_fn` cannot be the node being built, so the output cycle of trap 1
+        # cannot form.
         self.version = tensor._version
         self.writer_ref = writer_ref
         self.buffer_id = buffer_id
         if keep_original:
-            self.tensor = tensor
+            self.slot = SLOTS.hold(tensor)
+            # Only where there is no slot table: then the Python object is what we can keep.
+            self.detached = tensor if self.slot < 0 else None
             # The error message names a kept tensor's producer as it is then (see below).
             self.grad_fn_name = self.output_nr = None
             # A kept non-leaf that loses its grad_fn was detached in place: PyTorch refuses it.
             self.had_grad_fn = grad_fn is not None
         else:
+            self.slot = -1
             self.had_grad_fn = False
-            self.tensor = tensor.detach()
+            self.detached = tensor.detach()
             self.grad_fn_name = None if grad_fn is None else grad_fn.name()
             self.output_nr = tensor.output_nr
         self.held_by = held_by_at_saving(tensor)
         self.nbytes = tensor.numel() * tensor.element_size()
         self.storage_key = 0
 
+    @property
+    def tensor(self) -> torch.Tensor:
+        """The saved tensor: the user's own object for a kept input, a detached alias else."""
+        slot = self.slot
+        return SLOTS.get(slot) if slot >= 0 else self.detached  # type: ignore[return-value]
+
+    @property
+    def held_in_slot(self) -> bool:
+        """True when only a C++ reference holds the tensor (no Python reference of ours)."""
+        return self.slot >= 0
+
     @finalizer
     def __del__(self) -> None:
-        writer = self.writer_ref()
-        if writer is not None:
-            # Never raise from a finalizer: it runs inside autograd; an interrupt is held for
-            # later (see deferred). A bare try, not contextlib.suppress: this runs once per node
-            # or buffer, and the context manager costs more than the bookkeeping.
-            try:
+        # Never raise from a finalizer: it runs inside autograd; an interrupt is held for
+        # later (see deferred). A bare try, not contextlib.suppress: this runs once per node
+        # or buffer, and the context manager costs more than the bookkeeping.
+        try:
+            if self.slot >= 0:
+                SLOTS.release(self.slot)
+            writer = self.writer_ref()
+            if writer is not None:
                 writer.buffer_released(self.buffer_id, self.storage_key)
-            except Exception:
-                pass
-            except BaseException as error:
-                hold(error)
+        except Exception:
+            pass
+        except BaseException as error:
+            hold(error)
 
     def checked_tensor(self) -> torch.Tensor:
         """The saved value, raising PyTorch's own error if it was modified in place since saving."""
