@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import warnings
 import weakref
 from collections.abc import Callable
 from types import CodeType, TracebackType
@@ -51,6 +52,9 @@ from autograd_magic.recorder.sites import SiteFinder, site_of_traceback
 from autograd_magic.recorder.writer import TraceWriter
 
 _NoSubclassDispatch = torch._C.DisableTorchFunctionSubclass
+# Tries to remove a block's recorder: an interrupt landing in removal gets another go; a
+# removal that fails every time is reported, never retried for good (issue 31).
+REMOVAL_TRIES = 5
 _NOT_LINKED = frozenset({OpKind.PLAIN, OpKind.INPLACE, OpKind.BACKWARD, OpKind.GRAD})
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
@@ -143,19 +147,38 @@ class Recorder(
             install.suspended_until_enabled(self)
 
     def _uninstall(self) -> None:
-        """Remove this block's mode, hooks and patch routing (idempotent; any order of blocks)."""
+        """Remove this block's mode, hooks and patch routing (idempotent; any order of blocks).
+        Every step runs; the first that failed is raised after all of them."""
+        failed: Exception | None = None
+        for step in (self._remove_patches, self._remove_mode, self._remove_hooks):
+            try:
+                step()
+            except Exception as error:
+                failed = failed or error
+        if failed is not None:
+            raise failed
+        self._forget_installed()
+
+    def _remove_patches(self) -> None:
         install.remove_patches(self)
         self.modules.remove()
+
+    def _remove_mode(self) -> None:
+        # A block ended on another thread than it began (a generator resumed elsewhere) cannot
+        # reach the first thread's stacks: its mode and hooks only pass calls and tensors on
+        # until that thread removes them (install.strand).
+        if self._mode is not None and threading.get_ident() == self._thread:
+            install.remove_mode(self._mode)
+
+    def _remove_hooks(self) -> None:
         if threading.get_ident() != self._thread:
-            # Ended on another thread than it began (a generator resumed elsewhere): the mode and
-            # hooks are on the first thread's stacks, out of reach here. They only pass calls
-            # and tensors on until that thread removes them (install.strand).
             install.strand(self._thread, self._pack_hook)
-        else:
-            if self._mode is not None:
-                install.remove_mode(self._mode)
-            if self._pack_hook is not None:
-                install.remove_hooks(self._pack_hook)
+        elif self._pack_hook is not None:
+            install.remove_hooks(self._pack_hook)
+
+    def _forget_installed(self) -> None:
+        """What is still installed only passes calls and tensors on (also when its removal
+        failed); nothing points back at this recorder."""
         if self._mode is not None:
             # Stashed by torch when interrupted, the mode may come back later: harmless then.
             self._mode.recorder = None
@@ -164,15 +187,33 @@ class Recorder(
         self._mode = self._pack_hook = None
         self._stand_ins.clear()
 
+    def _removal_failed(self, error: BaseException) -> None:
+        """Removal failed every try: say so once, leave what stayed passing calls on (the next
+        block or `uninstall()` takes it out: ended modes and stranded hooks are purged)."""
+        if self._pack_hook is not None:
+            install.strand(self._thread, self._pack_hook)
+        self._forget_installed()
+        message = (
+            f"autograd_magic could not remove its recorder: {error!r}. What stayed installed "
+            "passes calls on unchanged; autograd_magic.uninstall() removes it."
+        )
+        self.writer.blindspot(Blindspot("internal", message))
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
     def _remove_all(self) -> BaseException | None:
-        """`_uninstall`, run to the end even when interrupted; returns the interruption."""
-        pending = None
-        while True:
+        """`_uninstall`, retried when interrupted, at most `REMOVAL_TRIES` times; returns the
+        interruption."""
+        interrupted: BaseException | None = None
+        for _ in range(REMOVAL_TRIES):
             try:
                 self._uninstall()
-                return pending
+                return interrupted
+            except Exception as error:
+                failed: BaseException = error
             except BaseException as error:
-                pending = error
+                failed = interrupted = error
+        self._removal_failed(failed)
+        return interrupted
 
     def listen(self, callback: Callable[[Trace], None] | None, interval_s: float = 0.5) -> None:
         """Call `callback(trace)` while the block runs, at most once per `interval_s` seconds,
@@ -196,13 +237,21 @@ class Recorder(
         self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None
     ) -> Literal[False]:
         # `_remove_all` inlined: a KeyboardInterrupt checked on entering a call would escape.
-        interrupted = None
-        while True:
+        # Bounded: a removal failing the same way each time must not keep the block (and Stop)
+        # from ending.
+        interrupted: BaseException | None = None
+        failed: BaseException | None = None
+        for _ in range(REMOVAL_TRIES):
             try:
                 self._uninstall()
+                failed = None
                 break
+            except Exception as error:
+                failed = error
             except BaseException as error:
-                interrupted = error
+                failed = interrupted = error
+        if failed is not None:
+            self._removal_failed(failed)
         try:
             self.read_holders()  # the end state's retained bytes
         except Exception as error:
