@@ -670,6 +670,49 @@ def test_inplace_error_text_matches_pytorch_for_every_dtype(dtype):
     assert _inplace_error(dtype, tracked=True) == untracked
 
 
+def _weight_view_written_by_the_optimizer() -> None:
+    # addmm inside F.linear saves `weight.t()`; opt.step() writes the weight, so PyTorch names
+    # the view's producer as it is after the write (AsStrided), not as it was (T).
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    loss = layer(torch.ones(1, 3, requires_grad=True)).pow(2).sum()
+    loss.backward(retain_graph=True)
+    opt.step()
+    loss.backward()
+
+
+def _leaf_written_under_no_grad() -> None:
+    w = torch.ones(2, 3, requires_grad=True)
+    loss = w.sin().sum()
+    with torch.no_grad():
+        w.mul_(2)
+    loss.backward()
+
+
+def _output_written_under_anomaly_mode() -> None:
+    with torch.autograd.set_detect_anomaly(True), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # anomaly mode's forward traceback
+        y = torch.ones(4, requires_grad=True).exp()
+        loss = y.sum()
+        y.add_(1)
+        loss.backward()
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        _weight_view_written_by_the_optimizer,
+        _leaf_written_under_no_grad,
+        _output_written_under_anomaly_mode,
+    ],
+)
+def test_the_inplace_error_is_worded_as_this_torch_words_it(case):
+    untracked, _ = _outcome(case, tracked=False)
+    assert untracked[0] is RuntimeError and "inplace operation" in untracked[1], untracked
+    assert _outcome(case, tracked=True)[0] == untracked
+
+
 # ----- 9. smaller ones ----------------------------------------------------------------------------
 def _softmax_warning(tracked: bool) -> list[tuple[str, int]]:
     with warnings.catch_warnings(record=True) as seen:

@@ -16,7 +16,7 @@ from autograd_magic.model.records import SavedBuffer
 from autograd_magic.model.trace import Trace
 from autograd_magic.recorder.aliases import AliasTracker
 from autograd_magic.recorder.deferred import pending, raise_pending
-from autograd_magic.recorder.saved import PackedSaved, is_parameter, storage_of
+from autograd_magic.recorder.saved import PackedSaved, is_parameter, may_own_saved, storage_of
 from autograd_magic.recorder.sites import SiteFinder
 from autograd_magic.recorder.writer import TraceWriter
 
@@ -98,8 +98,9 @@ class SavedTensorRecording:
 
     def _is_old(self, grad_fn: Any) -> bool:
         """True when `grad_fn` (the saved tensor's) is surely not the node saving it (then the
-        tensor is an input or a leaf, which PyTorch keeps whole): none, already tagged, or made
-        before the block on this thread (sequence numbers are per thread)."""
+        tensor is an input or a leaf, which PyTorch keeps whole): none, already tagged, made
+        before the block on this thread (sequence numbers are per thread), or of a type that
+        saves no tensor (a view made inside the same op, as `weight.t()` inside `F.linear`)."""
         return (
             grad_fn is None
             or self._key in grad_fn.metadata
@@ -107,6 +108,7 @@ class SavedTensorRecording:
                 threading.get_ident() == self._thread
                 and grad_fn._sequence_nr() < self._sequence_start
             )
+            or not may_own_saved(type(grad_fn))
         )
 
     def _unpack(self, packed: PackedSaved | torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ import torch
 
 from autograd_magic.model.records import HeldBy
 from autograd_magic.recorder.deferred import finalizer, hold
+from autograd_magic.recorder.inplace_text import DETACHED_MESSAGE, WORDING
 
 if TYPE_CHECKING:
     from autograd_magic.recorder.writer import TraceWriter
@@ -159,15 +160,15 @@ class PackedSaved:
         """The saved value, raising PyTorch's own error if it was modified in place since saving."""
         __tracebackhide__ = True
         if self.had_grad_fn and self.tensor.grad_fn is None:
-            raise RuntimeError(_DETACHED_MESSAGE)
+            raise RuntimeError(DETACHED_MESSAGE)
         current = self.tensor._version
         if current != self.version:
             raise RuntimeError(self._version_error(current))
         return self.tensor
 
     def _version_error(self, current: int) -> str:
-        # Same text as torch/csrc/autograd/saved_variable.cpp: a kept input names its producer
-        # as it is now (output 0, as PyTorch reports it), a saved output the node that saved it.
+        # As torch/csrc/autograd/saved_variable.cpp: a kept input names its producer as it is
+        # now (output 0, as PyTorch reports it), a saved output the node that saved it.
         t = self.tensor
         if self.output_nr is None:
             grad_fn, output_nr = t.grad_fn, 0
@@ -175,32 +176,9 @@ class PackedSaved:
         else:
             name, output_nr = self.grad_fn_name, self.output_nr
         sizes = ", ".join(str(s) for s in t.shape)
-        message = (
-            "one of the variables needed for gradient computation has been modified by an "
-            f"inplace operation: [{_legacy_type_name(t)} [{sizes}]]"
-        )
-        if name is not None:
-            message += f", which is output {output_nr} of {_forward_name(name)},"
-        message += f" is at version {current}; expected version {self.version} instead."
-        if torch.is_anomaly_enabled():
-            message += (
-                " Hint: the backtrace further above shows the operation that failed to compute "
-                "its gradient. The variable in question was changed in there or anywhere later. "
-                "Good luck!"
-            )
-        else:
-            message += (
-                " Hint: enable anomaly detection to find the operation that failed to compute "
-                "its gradient, with torch.autograd.set_detect_anomaly(True, check_nan=False)."
-            )
-        return message
+        type_name = _legacy_type_name(t)
+        return WORDING.version_error(type_name, sizes, name, output_nr, current, self.version)
 
-
-# Same text as torch/csrc/autograd/saved_variable.cpp (which skips the check while hooks are set).
-_DETACHED_MESSAGE = (
-    "Trying to use a saved tensor that has been detached in-place, i.e. with .detach_()."
-    "This is not supported, please use out-of-place `.detach()` instead"
-)
 
 # Scalar types with a legacy tensor type name (`torch.FloatTensor`); PyTorch names the others
 # by backend and scalar type (`CPUBFloat16Type`).
@@ -216,11 +194,6 @@ def _legacy_type_name(tensor: torch.Tensor) -> str:
     device = tensor.device.type
     backend = "CPU" if device == "cpu" else "CUDA" if device == "cuda" else device.upper()
     return f"{backend}{scalar}Type"
-
-
-def _forward_name(node_name: str) -> str:
-    """`ExpBackward0` -> `Exp`, `MyFnBackward` -> `MyFn`: how PyTorch names the node here."""
-    return re.sub(r"Backward\d*$", "", node_name)
 
 
 def held_by_at_saving(tensor: torch.Tensor) -> HeldBy:
