@@ -1121,3 +1121,44 @@ def test_a_custom_backward_reads_back_what_any_saved_tensor_hooks_give(gc_disabl
     assert run(contextlib.nullcontext()) == ("Parameter", "mine")
     identity = torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
     assert run(am.track()) == run(identity) == ("Tensor", None)
+
+
+_IMPORT_DYNAMO_ON_ANOTHER_THREAD = """
+import threading, torch, autograd_magic as am
+errors = []
+def build_optimizer():
+    try:
+        torch.optim.Adam([torch.nn.Parameter(torch.ones(2))])
+        import torch._dynamo as dynamo  # what building an optimizer imports first
+    except BaseException as error:
+        errors.append(repr(error))
+other = threading.Thread(target=build_optimizer)
+x = torch.ones(3, requires_grad=True)
+with am.track():
+    other.start()
+    i = 0
+    while other.is_alive():  # a new call site each time, so the recorder makes a new stand-in
+        try:
+            exec(compile(f"y = (x * {i}).sin()", f"<site {i}>", "exec"), {"x": x})
+        except BaseException as error:
+            errors.append(repr(error))
+            break
+        i += 1
+other.join()
+print(errors)
+"""
+
+
+@pytest.mark.slow
+def test_a_thread_importing_dynamo_while_a_block_runs_is_left_alone():
+    """GIVEN a block making new call sites WHEN another thread imports torch._dynamo for the
+    first time THEN neither thread sees an error (was: ImportError of `skip_code` from the
+    partially initialized eval_frame, in both threads, 3 of 3 runs). Issue 31, item 3."""
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORT_DYNAMO_ON_ANOTHER_THREAD],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout

@@ -49,8 +49,11 @@ def also_skip(source: Callable[[], Iterable[CodeType]]) -> None:
 
 
 def dynamo_loaded() -> bool:
-    """True once `torch._dynamo` has been imported in this process."""
-    return _DYNAMO in sys.modules
+    """True once `torch._dynamo` has been imported in this process, and its import has ended:
+    while another thread is importing it, its names are not all there yet (and importing one of
+    them from here would break that thread's import too)."""
+    module = sys.modules.get(_DYNAMO)
+    return module is not None and not getattr(module.__spec__, "_initializing", False)
 
 
 def skip_if_loaded(code: CodeType) -> None:
