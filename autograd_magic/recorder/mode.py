@@ -29,6 +29,12 @@ _frame = sys._getframe
 _grad_enabled = torch.is_grad_enabled
 _gettrace = sys.gettrace
 _getprofile = sys.getprofile
+# Python 3.12+: profilers and debuggers may use `sys.monitoring` instead (cProfile does), and
+# then `sys.getprofile()` is None; they hold the tool ids PEP 669 reserves for them.
+_monitoring = getattr(sys, "monitoring", None)
+_get_tool = _monitoring.get_tool if _monitoring is not None else None
+_DEBUGGER_ID = _monitoring.DEBUGGER_ID if _monitoring is not None else 0
+_PROFILER_ID = _monitoring.PROFILER_ID if _monitoring is not None else 2
 
 
 def kind_of(func: Any) -> tuple[OpKind, str]:
@@ -80,9 +86,18 @@ class RecorderMode(install.BlockMode):
             # A builtin runs from a stand-in for the caller's frame (C++ warnings land there);
             # a Python function has its own frame for that. Not under a debugger or tracer (the
             # stand-in's line would hit the user's breakpoints a second time), nor a profiler (it
-            # would list the stand-in as a function of the user's file).
+            # would list the stand-in as a function of the user's file), whether they use
+            # sys.settrace/setprofile or, on Python 3.12+, sys.monitoring.
             builtin = type(func) is not _PyFunction
-            if builtin and _gettrace() is None and _getprofile() is None:
+            if (
+                builtin
+                and _gettrace() is None
+                and _getprofile() is None
+                and (
+                    _get_tool is None
+                    or (_get_tool(_DEBUGGER_ID) is None and _get_tool(_PROFILER_ID) is None)
+                )
+            ):
                 call = recorder._stand_ins.for_frame(_frame(1))
             else:
                 call = plain_call
