@@ -8,19 +8,23 @@ Exception raised in one, whether caught by its own guard (`hold`) or by the unra
 while the block runs (`took`, for one delivered on the finalizer's first instruction, before
 any guard of ours can run), is held here. It is raised exactly once: at our next entry point
 on that thread (`raise_pending`: the function mode, the pack hook, module hooks, the block's
-exit), or, for the main thread, re-delivered by `_thread.interrupt_main()` a few ms later if
-nothing of ours ran by then (a pure-Python tail).
+exit), or, for the main thread, re-delivered a few ms later if nothing of ours ran by then (a
+pure-Python tail): at the main thread's next line through `sys.monitoring` on Python 3.12+,
+else by `_thread.interrupt_main()`.
 """
 
 from __future__ import annotations
 
 import _thread
 import dis
+import sys
 import threading
 import time
 from collections.abc import Callable
 from types import CodeType
 from typing import Any, TypeVar
+
+from autograd_magic.recorder.frames import PACKAGE_DIR
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -100,7 +104,9 @@ def took(unraisable: Any) -> bool:
 def _redeliver() -> None:
     time.sleep(REDELIVER_AFTER_S)
     # Still held: the main thread made no call of ours since (a pure-Python tail).
-    if _MAIN is None:
+    if _MAIN is None or _MAIN not in pending:
+        return
+    if _monitoring is not None and _trap_next_line():
         return
     error = pending.pop(_MAIN, None)
     if error is None:
@@ -109,6 +115,48 @@ def _redeliver() -> None:
         _thread.interrupt_main()  # runs the SIGINT handler again, as the Stop did
     else:
         pending.setdefault(_MAIN, error)  # no way to inject it: our next entry point raises it
+
+
+# Python 3.12+: the held interrupt is raised by a `sys.monitoring` LINE event on the main thread,
+# at the start of its next line. A signal (`interrupt_main`) is handled at the interpreter's next
+# check, which may be a loop's backward jump: on 3.13 an exception raised there is outside the
+# enclosing `with` and `try` (their exception table ranges end before the jump), so it left
+# `with track()` without `__exit__` (issue 32). A line start is inside them.
+_monitoring = getattr(sys, "monitoring", None)
+_TOOL_IDS = (3, 4)  # the ids PEP 669 leaves unassigned (0 debugger, 1 coverage, 2 profiler)
+_trap_tool: list[int] = []
+
+
+def _trap_next_line() -> bool:
+    """Have the main thread's next line raise the held interrupt; False when no tool id is free."""
+    assert _monitoring is not None
+    for tool in _TOOL_IDS:
+        try:
+            _monitoring.use_tool_id(tool, "autograd_magic interrupt")
+        except ValueError:
+            continue  # taken by another tool
+        _trap_tool[:] = [tool]
+        _monitoring.register_callback(tool, _monitoring.events.LINE, _on_line)
+        _monitoring.set_events(tool, _monitoring.events.LINE)
+        return True
+    return False
+
+
+def _on_line(code: CodeType, line: int) -> Any:
+    if _get_ident() != _MAIN or code.co_filename.startswith(PACKAGE_DIR):
+        # Another thread, or the recorder's own code: its entry points and the block's exit
+        # raise the held interrupt where the recorder can end cleanly, a finalizer would drop it.
+        return None
+    tool = _trap_tool.pop() if _trap_tool else None
+    if tool is not None:
+        assert _monitoring is not None
+        _monitoring.set_events(tool, 0)
+        _monitoring.register_callback(tool, _monitoring.events.LINE, None)
+        _monitoring.free_tool_id(tool)
+    error = pending.pop(_MAIN, None)
+    if error is not None:
+        raise error
+    return None
 
 
 def _first_own_offset(code: CodeType) -> int:
