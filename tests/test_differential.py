@@ -14,7 +14,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from instrumentation import installed
-from scenarios import Probe, assert_same, grads, params, run_tracked, run_untracked
+from scenarios import (
+    FREES_AFTER_CAUGHT_EXCEPTIONS,
+    Probe,
+    assert_same,
+    grads,
+    params,
+    run_tracked,
+    run_untracked,
+)
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -399,8 +407,9 @@ def test_tracking_changes_nothing_the_user_can_see(scenario, gc_disabled):
     assert_same(plain.results, tracked.results)
     # With the trace still alive, everything the user dropped is gone, as without tracking.
     assert tracked.trace is not None
-    assert plain.alive_after == []
-    assert tracked.alive_after == []
+    assert tracked.alive_after == plain.alive_after
+    if FREES_AFTER_CAUGHT_EXCEPTIONS:  # not on Python 3.12+: see scenarios
+        assert plain.alive_after == []
 
 
 # ----- what the trace says about the same scenarios --------------------------------------------

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from scenarios import assert_same, run_tracked
+from scenarios import FREES_AFTER_CAUGHT_EXCEPTIONS, assert_same, run_tracked
 from test_differential import SCENARIOS
 
 import autograd_magic as am
@@ -65,7 +65,9 @@ def test_compiled_and_pure_python_recorders_give_the_same_trace(scenario, gc_dis
     assert pure.error == compiled.error
     assert pure.log == compiled.log
     assert_same(compiled.results, pure.results)
-    assert pure.alive_after == compiled.alive_after == []
+    assert pure.alive_after == compiled.alive_after
+    if FREES_AFTER_CAUGHT_EXCEPTIONS:  # not on Python 3.12+: see scenarios
+        assert pure.alive_after == []
     assert _json(pure.trace) == _json(compiled.trace)
 
 
