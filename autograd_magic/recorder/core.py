@@ -49,6 +49,7 @@ from autograd_magic.recorder.ops import OpKind
 from autograd_magic.recorder.outside import HolderReading
 from autograd_magic.recorder.packing import SavedTensorRecording
 from autograd_magic.recorder.sites import SiteFinder, site_of_traceback
+from autograd_magic.recorder.tracebacks import strip_recorder_frames
 from autograd_magic.recorder.writer import TraceWriter
 
 _NoSubclassDispatch = torch._C.DisableTorchFunctionSubclass
@@ -258,6 +259,13 @@ class Recorder(
             self.writer.blindspot(
                 Blindspot("internal", f"autograd_magic could not read saved memory: {error!r}")
             )
+        if exc is not None:
+            try:
+                strip_recorder_frames(exc)  # any route then prints the untracked traceback
+            except Exception as error:
+                self.writer.blindspot(
+                    Blindspot("internal", f"autograd_magic left its frames in: {error!r}")
+                )
         held = take()  # an interrupt caught in a finalizer: the block ends with it
         if held is not None and interrupted is None and (exc is None or isinstance(exc, Exception)):
             interrupted = held

@@ -16,7 +16,7 @@ import torch
 from autograd_magic.recorder import install
 from autograd_magic.recorder.deferred import pending, raise_pending
 from autograd_magic.recorder.ops import OpKind, classify
-from autograd_magic.recorder.tracebacks import hide_dispatch
+from autograd_magic.recorder.tracebacks import hide_dispatch, strip_recorder_frames
 
 # What each torch function does depends only on the function: classified once per process.
 KINDS: dict[Any, tuple[OpKind, str]] = {}
@@ -116,9 +116,12 @@ class RecorderMode(install.BlockMode):
             elif func in INPLACE and not (kwargs and "out" in kwargs) and not recorder._busy:
                 return recorder._on_inplace(func, args, kwargs or {}, call)
             return recorder._on_call(func, args, kwargs or {}, call)
-        except BaseException:
+        except BaseException as error:
             # torch's dispatch to this mode exists only because the mode does (see tracebacks).
             hide_dispatch(_frame(1))
+            strip_recorder_frames(
+                error
+            )  # what ran below this frame: the block's exit does the rest
             raise
 
 

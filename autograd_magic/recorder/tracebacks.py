@@ -8,12 +8,23 @@ recorder is there and cannot set it themselves, so an error marks them on its wa
   mode, and that entry is the one untracked code shows);
 - the recorder's frames at the end of a traceback (the unpack hook raising PyTorch's "modified by
   an inplace operation" inside the engine), which IPython would show as the last frame.
+
+Every other route (`traceback.format_exc()`, `logging.exception`, an uncaught error in a script)
+prints every frame, so an error leaving a block loses them for good (`strip_recorder_frames`):
+the recorder's frames, torch's dispatch to the mode with the first entry of the function it
+re-enters, and the longer branch of `Module._call_impl` that the recorder's global module hooks
+make torch take (shown as the direct call to `forward` that untracked code makes).
 """
 
 from __future__ import annotations
 
-from types import FrameType
+import dis
+from types import CodeType, FrameType, TracebackType
+from typing import Any
 
+import torch
+
+from autograd_magic.recorder import module_calls
 from autograd_magic.recorder.frames import DISPATCH_TO_MODES, is_recorder
 
 
@@ -40,3 +51,97 @@ def drop_recorder_tail(error: BaseException) -> None:
         tb = tb.tb_next
     if last_other is not None:
         last_other.tb_next = None
+
+
+def strip_recorder_frames(error: BaseException) -> None:
+    """Take out of `error`'s traceback, in place, every entry that exists only because a block
+    recorded (its first entry stays: the frame that caught it, or the block's own)."""
+    head = error.__traceback__
+    if head is None:
+        return
+    entries = []
+    tb: TracebackType | None = head
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    kept = [head] + [tb for i, tb in enumerate(entries) if i and not _ours(entries, i)]
+    kept = _direct_module_calls(kept)
+    for before, after in zip(kept, [*kept[1:], None], strict=True):
+        before.tb_next = after
+
+
+def _ours(entries: list[TracebackType], index: int) -> bool:
+    """The recorder's frames, torch's dispatch to the recorder's mode, and the first entry of the
+    Python torch function that dispatched (the mode enters it again)."""
+    frame = entries[index].tb_frame
+    if is_recorder(frame):
+        return True
+    following = entries[index + 1 : index + 3]
+    if frame.f_code is DISPATCH_TO_MODES:
+        return bool(following) and is_recorder(following[0].tb_frame)
+    return (
+        len(following) == 2
+        and following[0].tb_frame.f_code is DISPATCH_TO_MODES
+        and following[0].tb_frame.f_back is frame
+        and is_recorder(following[1].tb_frame)
+    )
+
+
+_CALL_IMPL: CodeType = torch.nn.Module._call_impl.__code__
+_INNER = next(
+    (c for c in _CALL_IMPL.co_consts if isinstance(c, CodeType) and c.co_name == "inner"), None
+)
+
+
+def _direct_call() -> tuple[int, int] | None:
+    """(offset, line) of `_call_impl`'s `return forward_call(*args, **kwargs)`, the call it makes
+    when no hook is set (its first call with `*args`)."""
+    starts = [(offset, line) for offset, line in dis.findlinestarts(_CALL_IMPL) if line]
+    for instruction in dis.get_instructions(_CALL_IMPL):
+        if instruction.opname == "CALL_FUNCTION_EX":
+            lines = [line for offset, line in starts if offset <= instruction.offset]
+            return (instruction.offset, lines[-1]) if lines else None
+    return None
+
+
+_DIRECT_CALL = _direct_call()
+
+
+def _direct_module_calls(kept: list[TracebackType]) -> list[TracebackType]:
+    """Each `_call_impl` entry followed by its `inner` entry, taken only because the recorder's
+    global module hooks were set, becomes the direct call untracked code makes."""
+    if _INNER is None or _DIRECT_CALL is None:
+        return kept
+    result: list[TracebackType] = []
+    skip = False
+    for index, tb in enumerate(kept):
+        if skip:
+            skip = False
+            continue
+        following = kept[index + 1] if index + 1 < len(kept) else None
+        if (
+            index
+            and following is not None
+            and tb.tb_frame.f_code is _CALL_IMPL
+            and following.tb_frame.f_code is _INNER
+            and not _hooked(tb.tb_frame.f_locals.get("self"))
+        ):
+            offset, line = _DIRECT_CALL
+            tb = TracebackType(None, tb.tb_frame, offset, line)
+            skip = True
+        result.append(tb)
+    return result
+
+
+def _hooked(module: Any) -> bool:
+    """Whether `module`'s call takes `_call_impl`'s longer branch untracked as well: a hook of
+    its own, or a global module hook that is not the recorder's."""
+    if module is None:
+        return True
+    own = (
+        module._backward_hooks,
+        module._backward_pre_hooks,
+        module._forward_hooks,
+        module._forward_pre_hooks,
+    )
+    return any(own) or module_calls._has_any_global_hook_but_ours()
