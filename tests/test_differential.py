@@ -443,7 +443,9 @@ def test_failed_backward_is_recorded_then_reraised_with_pytorch_message(gc_disab
     plain = run_untracked(inplace_modified_saved_tensor)
     tracked = run_tracked(inplace_modified_saved_tensor)
     first = next(e for e in plain.log if e[0] == "raised")
-    assert first[2] == "RuntimeError" and "output 0 of Exp," in first[3]
+    # Depends on the torch release: PyTorch names the saving node ("output 0 of ExpBackward0,")
+    # up to 2.8 and its forward op ("output 0 of Exp,") in later releases.
+    assert first[2] == "RuntimeError" and "output 0 of Exp" in first[3]
     failed = [c for c in tracked.trace.backward_calls if c.error is not None]
     assert [c.error for c in failed] == [e[3] for e in plain.log if e[0] == "raised"]
     assert all(c.error_type == "RuntimeError" for c in failed)

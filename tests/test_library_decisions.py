@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from instrumentation import no_saved_hooks
 from torch import nn
 from torch.overrides import _get_current_function_mode_stack
 
@@ -287,7 +288,7 @@ def _disable_refused_inside_user_hooks(tracked: bool) -> Any:
                     pass
             except RuntimeError as error:
                 seen.append(str(error))
-    return seen, torch._C._autograd._top_saved_tensors_default_hooks(True) is None
+    return seen, no_saved_hooks()
 
 
 def test_a_refused_disable_inside_user_hooks_leaves_the_hook_stack_as_untracked():

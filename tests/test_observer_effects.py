@@ -20,7 +20,7 @@ from typing import Any
 import numpy
 import pytest
 import torch
-from instrumentation import installed
+from instrumentation import installed, no_saved_hooks
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -176,7 +176,7 @@ _INTERRUPTS = """
 import random, signal, sys
 import torch
 sys.path.insert(0, "tests")
-from instrumentation import installed
+from instrumentation import installed, no_saved_hooks
 import autograd_magic as am
 
 armed = [False]
@@ -211,7 +211,8 @@ for run in range(RUNS):
         import autograd_magic.recorder.install as install
         while torch.overrides._get_current_function_mode_stack():
             torch.overrides._pop_mode()
-        while torch._C._autograd._top_saved_tensors_default_hooks(True) is not None:
+        from instrumentation import no_saved_hooks
+        while not no_saved_hooks():
             torch._C._autograd._pop_saved_tensors_default_hooks()
         install._active.clear()
         install.remove_patches(None)
@@ -221,7 +222,8 @@ for run in range(RUNS):
         nn_module._global_forward_hooks.clear()
         modules._OUR_HOOKS.clear()
         modules._trackers.clear()
-        nn_module._has_any_global_hook = modules._original_has_any_global_hook
+        from autograd_magic.recorder import torch_api
+        torch_api.set_has_any_global_hook(None)
 signal.signal(signal.SIGALRM, signal.SIG_IGN)
 print(interrupted, left, flush=True)
 """
@@ -1009,7 +1011,7 @@ def test_uninstall_removes_a_block_whose_exit_never_ran():
     # THEN it says one block was removed and nothing of the recorder is left installed
     assert removed == 1
     assert not _get_current_function_mode_stack()
-    assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None
+    assert no_saved_hooks()
     assert torch.from_numpy is original_from_numpy
     assert torch.from_numpy(np.ones(2)).sum().item() == 2.0
     assert am.uninstall() == 0

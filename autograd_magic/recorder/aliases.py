@@ -17,6 +17,7 @@ from autograd_magic.recorder.identity import ObjectRegistry
 from autograd_magic.recorder.naming import find_names, resolve_param_marks
 from autograd_magic.recorder.ops import VERSION_SHARING_HOWS, OpKind
 from autograd_magic.recorder.saved import PackedSaved, storage_of
+from autograd_magic.recorder.torch_api import version_of
 
 if TYPE_CHECKING:
     from autograd_magic.recorder.sites import SiteFinder
@@ -57,7 +58,7 @@ class _NumpyWatch:
         self.array_ref = weakref.ref(array)
         self.tensor_ref = weakref.ref(tensor)
         self.digest = _digest(array)
-        self.version = tensor._version
+        self.version = version_of(tensor)
         self.array_uid = array_uid
         self.tensor_uid = tensor_uid
 
@@ -149,7 +150,7 @@ class AliasTracker:
             # Buffers with a later id were saved by the writing op itself (relu_ saves its output).
             if packed.buffer_id > saved_before:
                 continue
-            unchanged = packed.tensor._version == packed.version
+            unchanged = version_of(packed.tensor) == packed.version
             (silent if unchanged else failing).append(packed.buffer_id)
         return failing, silent
 
@@ -165,20 +166,20 @@ class AliasTracker:
             # without building lists (what `_write_targets` gives for it).
             if first.is_inference():
                 return call(func, args, kwargs)
-            old = first._version
+            old = version_of(first)
             saved_before = self.trace.buffers_saved
             out = call(func, args, kwargs)
-            new = first._version
+            new = version_of(first)
             if new != old:
                 self._record_bump(first, op, old, new, self.sites.here(2), saved_before)
             return out
         targets = _write_targets(args, kwargs)
-        before = [t._version for t in targets]
+        before = [version_of(t) for t in targets]
         saved_before = self.trace.buffers_saved
         out = call(func, args, kwargs)
         site = None
         for tensor, old in zip(targets, before, strict=True):
-            new = tensor._version
+            new = version_of(tensor)
             if new != old:
                 site = site or self.sites.here(2)
                 self._record_bump(tensor, op, old, new, site, saved_before)
@@ -215,7 +216,7 @@ class AliasTracker:
             watched = watch.tensor_ref()
             array = watch.array_ref()
             if watched is not None and array is not None and shares_memory(watched, tensor):
-                watch.digest, watch.version = _digest(array), watched._version
+                watch.digest, watch.version = _digest(array), version_of(watched)
 
     def _uid(self, obj: Any, hint: str) -> int:
         """The registry's id for `obj`; every so many deaths, their per-object state is dropped
@@ -262,7 +263,7 @@ class AliasTracker:
             if array is None or tensor is None:
                 continue
             kept.append(watch)
-            digest, version = _digest(array), tensor._version
+            digest, version = _digest(array), version_of(tensor)
             # Several watches can cover one memory block (from_numpy, as_tensor, .numpy()):
             # one write is one record.
             memory = _address_range(array)

@@ -13,7 +13,7 @@ import torch
 
 from autograd_magic.model.records import BackwardCall, Site
 from autograd_magic.model.units import describe_error
-from autograd_magic.recorder import install
+from autograd_magic.recorder import install, torch_api
 from autograd_magic.recorder.ops import OpKind
 from autograd_magic.recorder.tracebacks import drop_recorder_tail
 
@@ -75,7 +75,7 @@ def run_backward(host: BackwardHost, func: Any, kind: OpKind, args: tuple, kwarg
     reached: list[int] = []
     # Bookkeeping must never stop the user's backward, and a tensor subclass root must not
     # see its reads (`grad_fn`) through its own `__torch_function__`.
-    with contextlib.suppress(Exception), torch._C.DisableTorchFunctionSubclass():
+    with contextlib.suppress(Exception), torch_api.DisableTorchFunctionSubclass():
         reached = _reach(host, call, index, _backward_roots(arguments))
     with contextlib.suppress(Exception):  # bookkeeping must never stop the backward
         host.read_holders()

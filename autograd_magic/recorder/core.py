@@ -29,7 +29,7 @@ from autograd_magic.model.records import (
 )
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import describe_error
-from autograd_magic.recorder import install
+from autograd_magic.recorder import install, torch_api
 from autograd_magic.recorder.aliases import AliasTracker
 from autograd_magic.recorder.backward import run_backward
 from autograd_magic.recorder.blind_spots import BlindSpotHandling
@@ -52,7 +52,7 @@ from autograd_magic.recorder.sites import SiteFinder, site_of_traceback
 from autograd_magic.recorder.tracebacks import strip_recorder_frames
 from autograd_magic.recorder.writer import TraceWriter
 
-_NoSubclassDispatch = torch._C.DisableTorchFunctionSubclass
+_NoSubclassDispatch = torch_api.DisableTorchFunctionSubclass
 # Tries to remove a block's recorder: an interrupt landing in removal gets another go; a
 # removal that fails every time is reported, never retried for good (issue 31).
 REMOVAL_TRIES = 5
@@ -288,7 +288,7 @@ class Recorder(
             del frame
         try:
             # Reading the user's tensors (`grad_fn`, names) must reach no user mode or subclass.
-            with torch._C.DisableTorchFunction():
+            with torch_api.DisableTorchFunction():
                 self.finish(namespace)
         except Exception as error:  # never replace the user's exception or result
             self.writer.blindspot(
@@ -424,7 +424,7 @@ class Recorder(
         self._in_call = True
         try:
             out = call(func, args, kwargs)
-            with torch._C.DisableTorchFunctionSubclass():
+            with torch_api.DisableTorchFunctionSubclass():
                 self._register_outputs(out, mark)
         finally:
             self._in_call = False

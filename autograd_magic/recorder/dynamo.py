@@ -32,11 +32,13 @@ from collections.abc import Callable, Iterable
 from types import CodeType, ModuleType
 from typing import Any
 
+from autograd_magic.recorder import torch_api
+
 _PACKAGE = "autograd_magic"
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # Where a method, property or decorated function keeps the function holding its code.
 _INNER_CALLABLES = ("__func__", "__wrapped__", "fget", "fset", "fdel")
-_DYNAMO = "torch._dynamo"
+_DYNAMO = torch_api.DYNAMO_MODULE
 _marked_modules: set[str] = set()
 _modules_seen = 0  # len(sys.modules) at the last scan: a block's start rescans only after imports
 _with_originals: Callable[[Callable[[], None]], None] | None = None
@@ -60,7 +62,7 @@ def skip_if_loaded(code: CodeType) -> None:
     """Keep Dynamo from compiling `code` (a stand-in made just now) as a frame of its own;
     without Dynamo loaded, `keep_out` marks it later."""
     if dynamo_loaded():
-        _skip_code(code)
+        torch_api.dynamo_skip_code(code)
 
 
 def keep_out(with_originals: Callable[[Callable[[], None]], None]) -> None:
@@ -73,8 +75,8 @@ def keep_out(with_originals: Callable[[Callable[[], None]], None]) -> None:
         if not any(type(finder) is _DynamoImportWatcher for finder in sys.meta_path):
             sys.meta_path.insert(0, _DynamoImportWatcher())
         return
-    if not _names_resolved():
-        with_originals(_resolve_names)
+    if not torch_api.dynamo_names_resolved():
+        with_originals(torch_api.dynamo_resolve_names)
     if len(sys.modules) == _modules_seen:
         return
     _modules_seen = len(sys.modules)
@@ -82,49 +84,16 @@ def keep_out(with_originals: Callable[[Callable[[], None]], None]) -> None:
         if (name == _PACKAGE or name.startswith(_PACKAGE + ".")) and name not in _marked_modules:
             if isinstance(module, ModuleType):
                 for code in _codes_of_module(module):
-                    _skip_code(code)
+                    torch_api.dynamo_skip_code(code)
             _marked_modules.add(name)
     for source in _code_sources:
         for code in source():
-            _skip_code(code)
-
-
-def _names_resolved() -> bool:
-    """True when Dynamo's caches of torch objects found by name are built (its first compile
-    builds them; `torch.distributed` clears them)."""
-    try:
-        from torch._dynamo import trace_rules
-        from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
-
-        return all(
-            cached.cache_info().currsize > 0
-            for cached in (
-                trace_rules.get_torch_obj_rule_map,
-                TorchInGraphFunctionVariable._get_handlers,
-            )
-        )
-    except Exception:  # another torch version: nothing known to resolve
-        return True
-
-
-def _resolve_names() -> None:
-    """Build Dynamo's caches of torch objects found by name (as its first compile would)."""
-    from torch._dynamo import trace_rules
-    from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
-
-    trace_rules.get_torch_obj_rule_map()
-    TorchInGraphFunctionVariable._get_handlers()
+            torch_api.dynamo_skip_code(code)
 
 
 def stop_watching() -> None:
     """Remove the import watcher that `keep_out` installed, if it is still there."""
     sys.meta_path[:] = [f for f in sys.meta_path if type(f) is not _DynamoImportWatcher]
-
-
-def _skip_code(code: CodeType) -> None:
-    from torch._dynamo.eval_frame import skip_code
-
-    skip_code(code)
 
 
 def _codes_of_module(module: ModuleType) -> list[CodeType]:

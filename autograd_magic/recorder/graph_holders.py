@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from autograd_magic.model.records import Holder
+from autograd_magic.recorder import torch_api
 from autograd_magic.recorder.naming import frame_namespace, walk_namespace
 from autograd_magic.recorder.nodes import grad_fn_of
 
@@ -63,7 +64,7 @@ class LiveHolderReading:
         if namespace is None:
             return
         holders: list[Holder] = []
-        with torch._C.DisableTorchFunction():  # reading grad_fn must reach no user mode
+        with torch_api.DisableTorchFunction():  # reading grad_fn must reach no user mode
             walk_namespace(
                 namespace,
                 noting_holders(self._key, holders),

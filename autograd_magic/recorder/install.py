@@ -21,19 +21,12 @@ from typing import Any, Protocol
 
 import torch
 import torch.fx.traceback
-from torch.overrides import (
-    TorchFunctionMode,
-    _get_current_function_mode_stack,
-    _pop_mode,
-    _push_mode,
-)
-from torch.utils._device import DeviceContext
+from torch.overrides import TorchFunctionMode
 
 from autograd_magic.model.records import BlindspotKind
-from autograd_magic.recorder import deferred, dynamo, warnings_site
+from autograd_magic.recorder import deferred, dynamo, torch_api, warnings_site
 from autograd_magic.recorder.frames import DISPATCH_TO_MODES, is_recorder
 
-_autograd = torch._C._autograd
 # Each patch, traced by torch.compile, is the original call and nothing else (see `dynamo`):
 # its first statement, so Dynamo meets no call it cannot trace before it.
 _is_compiling = torch.compiler.is_compiling
@@ -89,7 +82,7 @@ def _hooks_disable(message: str) -> None:
     # aside until hooks are enabled again, and the trace says what it did not see.
     if _is_compiling():
         return _originals["hooks_disable"](message)
-    if _autograd._saved_tensors_hooks_get_disabled_error_message() is None and not _user_hooks():
+    if torch_api.hooks_disabled_message() is None and not _user_hooks():
         # (With the user's hooks set, PyTorch refuses to disable: ours stay where they are.)
         kind: BlindspotKind = "torch.func" if message.startswith("torch.func") else "hooks-disabled"
         for block in _live_blocks():
@@ -134,15 +127,15 @@ def _has_torch_function(relevant_args: Any) -> bool:
     answer = _ORIGINAL_HAS_TORCH_FUNCTION(relevant_args)
     if not answer or _is_compiling():
         return answer
-    stack = _get_current_function_mode_stack()
+    stack = torch_api.function_mode_stack()
     if not stack or not _only_block_modes(stack):
         return True  # another mode is there: the answer is True with or without ours
-    modes = [_pop_mode() for _ in stack]
+    modes = [torch_api.pop_function_mode() for _ in stack]
     try:
         return _ORIGINAL_HAS_TORCH_FUNCTION(relevant_args)
     finally:
         for mode in reversed(modes):
-            _push_mode(mode)
+            torch_api.push_function_mode(mode)
 
 
 def _stop_here(debugger: bdb.Bdb, frame: FrameType) -> bool:
@@ -154,7 +147,7 @@ def _stop_here(debugger: bdb.Bdb, frame: FrameType) -> bool:
     while caller is not None:
         code = caller.f_code
         if code is DISPATCH_TO_MODES:
-            if _only_block_modes(_get_current_function_mode_stack()):
+            if _only_block_modes(torch_api.function_mode_stack()):
                 return False
             break
         if is_recorder(caller):
@@ -205,8 +198,8 @@ _ORIGINAL_STOP_HERE = bdb.Bdb.stop_here
 _PACKAGE = __name__.partition(".")[0] + "."
 _ORIGINAL_HAS_TORCH_FUNCTION = torch.overrides.has_torch_function
 _ORIGINAL_HOOKS_ENTER = _HOOKS_CLASS.__enter__
-_ORIGINAL_HOOKS_DISABLE = _autograd._saved_tensors_hooks_disable
-_ORIGINAL_HOOKS_ENABLE = _autograd._saved_tensors_hooks_enable
+_ORIGINAL_HOOKS_DISABLE = getattr(torch_api.AUTOGRAD_C, torch_api.SAVED_HOOKS_DISABLE)
+_ORIGINAL_HOOKS_ENABLE = getattr(torch_api.AUTOGRAD_C, torch_api.SAVED_HOOKS_ENABLE)
 _ORIGINAL_JIT = {"trace": torch.jit.trace, "trace_module": torch.jit.trace_module}
 _JIT = {name: _jit_tracer(name) for name in _ORIGINAL_JIT}
 DISABLED_MESSAGES = {
@@ -227,8 +220,8 @@ _JIT_MESSAGE = (
 _PATCHES: list[tuple[Any, str, Any, str]] = [
     (torch, "from_numpy", _from_numpy, "from_numpy"),
     (_HOOKS_CLASS, "__enter__", _hooks_enter, "hooks_enter"),
-    (_autograd, "_saved_tensors_hooks_disable", _hooks_disable, "hooks_disable"),
-    (_autograd, "_saved_tensors_hooks_enable", _hooks_enable, "hooks_enable"),
+    (torch_api.AUTOGRAD_C, torch_api.SAVED_HOOKS_DISABLE, _hooks_disable, "hooks_disable"),
+    (torch_api.AUTOGRAD_C, torch_api.SAVED_HOOKS_ENABLE, _hooks_enable, "hooks_enable"),
     (torch.jit, "trace", _JIT["trace"], "trace"),
     (torch.jit, "trace_module", _JIT["trace_module"], "trace_module"),
     (warnings, "warn", warnings_site.warn, "warn"),
@@ -292,43 +285,58 @@ def remove_patches(block: Patched) -> None:
 
 def remove_mode(mode: Any) -> None:
     """Take `mode` out of this thread's function mode stack, leaving every other mode in place."""
-    stack = _get_current_function_mode_stack()
+    stack = torch_api.function_mode_stack()
     if not any(m is mode for m in stack):
         return
     above = []
     while True:
-        top = _pop_mode()
+        top = torch_api.pop_function_mode()
         if top is mode:
             break
         above.append(top)
     for other in reversed(above):
-        _push_mode(other)
+        torch_api.push_function_mode(other)
 
 
 def _user_hooks() -> bool:
-    """True when saved-tensor hooks other than the blocks' own are on this thread's stack."""
+    """True when saved-tensor hooks other than the blocks' own are on this thread's stack
+    (False where torch cannot show the stack: torch 2.4)."""
+    if not torch_api.HAS_TOP_SAVED_HOOKS:
+        return False
     popped = []
-    while (top := _autograd._top_saved_tensors_default_hooks(True)) is not None:
-        _autograd._pop_saved_tensors_default_hooks()
+    while (top := torch_api.top_saved_hooks()) is not None:
+        torch_api.pop_saved_hooks()
         popped.append(top)
     for pack_hook, unpack_hook in reversed(popped):
-        _autograd._push_saved_tensors_default_hooks(pack_hook, unpack_hook)
+        torch_api.push_saved_hooks(pack_hook, unpack_hook)
     return any(not getattr(pack, "__module__", "").startswith(_PACKAGE) for pack, _ in popped)
 
 
 def remove_hooks(pack: Callable[..., Any]) -> None:
-    """Take the saved-tensor hooks whose pack hook is `pack` out of this thread's hook stack."""
+    """Take the saved-tensor hooks whose pack hook is `pack` out of this thread's hook stack.
+
+    Where torch cannot show the stack (torch 2.4), the top entry is taken if this thread pushed
+    `pack` and has not taken it off yet: the block's own, as long as the saved-tensor hooks
+    contexts opened in the block were also closed in it."""
+    if not torch_api.HAS_TOP_SAVED_HOOKS:
+        pushed = _pushed.get(threading.get_ident(), [])
+        if any(p is pack for p in pushed):
+            pushed.reverse()
+            pushed.remove(pack)
+            pushed.reverse()
+            torch_api.pop_saved_hooks()
+        return
     above = []
     while True:
-        top = _autograd._top_saved_tensors_default_hooks(True)
+        top = torch_api.top_saved_hooks()
         if top is None:
             break  # not found: everything popped goes back as it was
-        _autograd._pop_saved_tensors_default_hooks()
+        torch_api.pop_saved_hooks()
         if top[0] is pack:
             break
         above.append(top)
     for pack_hook, unpack_hook in reversed(above):
-        _autograd._push_saved_tensors_default_hooks(pack_hook, unpack_hook)
+        torch_api.push_saved_hooks(pack_hook, unpack_hook)
 
 
 # Pack hooks of blocks that ended on another thread than the one they began on, by that first
@@ -360,7 +368,14 @@ def purge_stranded() -> int:
 
 def push_hooks(pack: Callable[..., Any], unpack: Callable[..., Any]) -> None:
     """Install saved-tensor hooks the way `saved_tensors_hooks.__enter__` does."""
-    _autograd._push_saved_tensors_default_hooks(pack, unpack)
+    torch_api.push_saved_hooks(pack, unpack)
+    if not torch_api.HAS_TOP_SAVED_HOOKS:
+        _pushed.setdefault(threading.get_ident(), []).append(pack)
+
+
+# Where torch cannot show the hook stack (torch 2.4): the pack hooks each thread pushed and has
+# not taken off, oldest first.
+_pushed: dict[int, list[Callable[..., Any]]] = {}
 
 
 def purge_ended_modes(mode_type: type) -> None:
@@ -370,7 +385,7 @@ def purge_ended_modes(mode_type: type) -> None:
     KeyboardInterrupt is finally closed, possibly after the block ended; such a mode only
     forwards calls, and the next block takes it out.
     """
-    for mode in _get_current_function_mode_stack():
+    for mode in torch_api.function_mode_stack():
         if type(mode) is mode_type and getattr(mode, "recorder", None) is None:
             remove_mode(mode)
 
@@ -384,21 +399,21 @@ def push_mode_innermost(mode: Any) -> None:
     where PyTorch requires it to be.
     """
     above = []
-    while _get_current_function_mode_stack():
-        above.append(_pop_mode())
-    bottom = above.pop() if above and isinstance(above[-1], DeviceContext) else None
+    while torch_api.function_mode_stack():
+        above.append(torch_api.pop_function_mode())
+    bottom = above.pop() if above and isinstance(above[-1], torch_api.DeviceContext) else None
     try:
         if bottom is not None:
-            _push_mode(bottom)
-        _push_mode(mode)
+            torch_api.push_function_mode(bottom)
+        torch_api.push_function_mode(mode)
     finally:
         for other in reversed(above):
-            _push_mode(other)
+            torch_api.push_function_mode(other)
 
 
 def hooks_disabled_message() -> str | None:
     """The error PyTorch raises for saved-tensor hooks here, or None where they are allowed."""
-    return _autograd._saved_tensors_hooks_get_disabled_error_message()
+    return torch_api.hooks_disabled_message()
 
 
 def suspended_until_enabled(block: Patched) -> None:

@@ -12,9 +12,9 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.nn.modules import module as nn_module
 from torch.utils.hooks import RemovableHandle
 
+from autograd_magic.recorder import torch_api
 from autograd_magic.recorder.deferred import pending, raise_pending
 
 if TYPE_CHECKING:
@@ -26,7 +26,6 @@ _get_ident = threading.get_ident
 # module hook?" check, which `torch.compile`d modules use to warn: ours must not count there,
 # or tracked code would warn where untracked code does not.
 _OUR_HOOKS: set[int] = set()
-_original_has_any_global_hook = nn_module._has_any_global_hook
 _WRAPPED = "OptimizedModule"  # torch.compile's wrapper: its inner module's call is the real one
 _FIRST_SWEEP = 64  # roots held before dead ones are first dropped
 
@@ -34,10 +33,8 @@ _FIRST_SWEEP = 64  # roots held before dead ones are first dropped
 # One pair of global hooks serves every tracker, under the same keys in every block:
 # torch.compile guards on these tables' keys, and new keys per block would make compiled code
 # recompile in each block (and fall back to eager past its recompile limit).
-_PRE = RemovableHandle(nn_module._global_forward_pre_hooks)
-_POST = RemovableHandle(
-    nn_module._global_forward_hooks, extra_dict=nn_module._global_forward_hooks_always_called
-)
+_PRE = RemovableHandle(torch_api.forward_pre_hooks)
+_POST = RemovableHandle(torch_api.forward_hooks, extra_dict=torch_api.forward_hooks_always_called)
 _trackers: list[ModuleTracker] = []
 
 
@@ -58,12 +55,7 @@ def _leave_hook(module: Any, args: Any, output: Any) -> None:
 
 
 def _has_any_global_hook_but_ours() -> bool:
-    tables = (
-        nn_module._global_backward_pre_hooks,
-        nn_module._global_backward_hooks,
-        nn_module._global_forward_pre_hooks,
-        nn_module._global_forward_hooks,
-    )
+    tables = torch_api.global_module_hook_tables()
     return any(key not in _OUR_HOOKS for table in tables for key in table)
 
 
@@ -85,12 +77,10 @@ class ModuleTracker:
         """Join the global hooks (removed by `remove`); they count the calls made on the
         installing thread only (global hooks see every thread's modules)."""
         self._thread = threading.get_ident()
-        nn_module._has_any_global_hook = _has_any_global_hook_but_ours
+        torch_api.set_has_any_global_hook(_has_any_global_hook_but_ours)
         if not any(tracker is self for tracker in _trackers):
             _trackers.append(self)
-        nn_module._global_forward_pre_hooks[_PRE.id] = _enter_hook
-        nn_module._global_forward_hooks[_POST.id] = _leave_hook
-        nn_module._global_forward_hooks_always_called[_POST.id] = True
+        torch_api.add_global_forward_hooks(_PRE.id, _enter_hook, _POST.id, _leave_hook)
         _OUR_HOOKS.update((_PRE.id, _POST.id))
 
     def remove(self) -> None:
@@ -103,7 +93,7 @@ class ModuleTracker:
         _POST.remove()
         _OUR_HOOKS.difference_update((_PRE.id, _POST.id))
         if not _OUR_HOOKS:  # the last tracker out puts torch's check back
-            nn_module._has_any_global_hook = _original_has_any_global_hook
+            torch_api.set_has_any_global_hook(None)
 
     def _enter(self, module: Any, args: Any) -> None:
         if _get_ident() != self._thread or type(module).__name__ == _WRAPPED:

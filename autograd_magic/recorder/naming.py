@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from autograd_magic.recorder.torch_api import MODULE_TABLES
+
 _SKIP_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
 _ATOMIC = (str, bytes, int, float, complex, bool, type(None), range, slice)
 _OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
@@ -75,7 +77,7 @@ def _children(obj: Any, path: str, skipped: set[str]) -> Iterator[tuple[Any, str
             skipped.add(kind.__qualname__)
         return
     if issubclass(kind, torch.nn.Module):
-        for field in ("_modules", "_parameters", "_buffers"):
+        for field in MODULE_TABLES:
             table: Any = attrs.get(field)
             if type(table) in _DICTS:
                 for name, child in dict.items(table):

@@ -13,14 +13,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 
 from autograd_magic.model.records import BlindspotKind, Site
 from autograd_magic.model.units import ACCUMULATE_GRAD
-from autograd_magic.recorder import native
+from autograd_magic.recorder import native, torch_api
 from autograd_magic.recorder.deferred import finalizer, hold
 from autograd_magic.recorder.saved import may_own_saved, probe_saved
 from autograd_magic.recorder.sites import SiteFinder
+from autograd_magic.recorder.torch_api import node_sequence_nr
 from autograd_magic.recorder.writer import NODES_CREATED, TraceWriter
 
 
@@ -180,7 +180,7 @@ class NodeRecording:
             existed = (
                 id(node) not in root_ids
                 and name != ACCUMULATE_GRAD
-                and node._sequence_nr() < self._sequence_start
+                and node_sequence_nr(node) < self._sequence_start
             )
             next_ids = tuple(
                 [child.metadata[key][1] for child, _ in next_functions if child is not None]
@@ -232,8 +232,8 @@ def grad_fn_of(tensor: torch.Tensor) -> Any:
         return None
 
 
-# PyTorch's own read of the thread's counter (`at::sequence_number::peek`, torch >= 2.1).
-_peek_sequence_nr: Callable[[], int] | None = getattr(torch._C._autograd, "_get_sequence_nr", None)
+# PyTorch's own read of the thread's counter (`at::sequence_number::peek`).
+_peek_sequence_nr = torch_api.current_sequence_nr_peek
 
 
 def current_sequence_nr() -> int:
@@ -246,19 +246,19 @@ def current_sequence_nr() -> int:
     if _peek_sequence_nr is not None:
         return _peek_sequence_nr()
     if (
-        torch._C._len_torch_dispatch_stack() == 0
+        torch_api.torch_dispatch_depth() == 0
         and torch.is_grad_enabled()
         and not torch.is_inference_mode_enabled()
     ):
         # The common case, without the context managers it does not need (~35 us per block).
-        with torch._C.DisableTorchFunction():
+        with torch_api.DisableTorchFunction():
             probe: Any = torch.zeros((), requires_grad=True).mul(1)
-            return probe.grad_fn._sequence_nr()
+            return node_sequence_nr(probe.grad_fn)
     with (
-        torch._C.DisableTorchFunction(),
-        _disable_current_modes(),
+        torch_api.DisableTorchFunction(),
+        torch_api.disable_current_modes(),
         torch.inference_mode(False),
         torch.enable_grad(),
     ):
         probe = torch.zeros((), requires_grad=True).mul(1)
-        return probe.grad_fn._sequence_nr()
+        return node_sequence_nr(probe.grad_fn)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from autograd_magic.model.records import HeldBy
+from autograd_magic.recorder import torch_api
 from autograd_magic.recorder.saved import PackedSaved
 
 if TYPE_CHECKING:
@@ -28,11 +29,6 @@ if TYPE_CHECKING:
 
 # Holders that outlive any graph: a storage they hold is not asked about again.
 _FIXED = frozenset({"parameter", "module buffer"})
-# A storage's reference count: older CPU-only builds of torch register it with CUDA's module
-# only; without it, other tensors sharing a saved storage are not seen.
-_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
-# A tensor's C++ reference count (PyTorch 2.13 has it); without it only Python holders are seen.
-_HAS_USE_COUNT = hasattr(torch.Tensor, "_use_count")
 
 
 class HolderReading:
@@ -69,7 +65,7 @@ class HolderReading:
             self._busy += 1
             try:
                 # Reading the user's tensors must reach no user mode or subclass.
-                with torch._C.DisableTorchFunction():
+                with torch_api.DisableTorchFunction():
                     for key in dict.fromkeys(keys):
                         packed = self.aliases.live_saved_on(key) if key else []
                         if packed:
@@ -129,8 +125,8 @@ def holder_of(packed: list[PackedSaved], storage_key: int, holders: Holders) -> 
         counts[id(tensor)] = counts.get(id(tensor), 0) + 1
         held[id(tensor)] = tensor
     for tensor in list(held.values()):
-        if tensor._is_view():
-            base = tensor._base
+        if torch_api.is_view(tensor):
+            base = torch_api.base_of(tensor)
             assert base is not None  # a view always has one
             views_on[id(base)] = views_on.get(id(base), 0) + 1
             held.setdefault(id(base), base)
@@ -141,11 +137,11 @@ def holder_of(packed: list[PackedSaved], storage_key: int, holders: Holders) -> 
         reason = _held_outside(held, key, ours, views_on.get(key, 0), holders)
         if reason:
             return reason
-    if _storage_use_count is not None:
-        storage = next(iter(held.values())).untyped_storage()
-        # One reference per TensorImpl on the storage, plus `storage` itself here.
-        if _storage_use_count(storage._cdata) - 1 > len(held):
-            return "live tensor"
+    # One reference per TensorImpl on the storage, plus the storage object read here. (None
+    # where this torch cannot tell: other tensors on the storage are not seen.)
+    storage_uses = torch_api.storage_use_count(next(iter(held.values())).untyped_storage())
+    if storage_uses is not None and storage_uses - 1 > len(held):
+        return "live tensor"
     if holders.numpy_holds(storage_key):
         return "NumPy array"
     return ""
@@ -165,7 +161,8 @@ def _held_outside(
     role = holders.module_role(tensor)
     if role is not None:
         return role
-    uses = tensor._use_count() if _HAS_USE_COUNT else 1  # type: ignore[attr-defined]
+    # (None where this torch cannot tell: only Python holders are seen.)
+    uses = torch_api.tensor_use_count(tensor) or 1
     # C++ references: the Python object, each of our slots and views' base links, and the
     # AccumulateGrad node of a leaf that requires grad (part of the graph).
     own_cpp = 1 + slots + views + (1 if tensor.is_leaf and tensor.requires_grad else 0)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from autograd_magic.model.records import HeldBy
+from autograd_magic.recorder import torch_api
 from autograd_magic.recorder.deferred import finalizer, hold
 from autograd_magic.recorder.inplace_text import DETACHED_MESSAGE, WORDING
 
@@ -307,18 +308,20 @@ def probe_saved(node: Any, unpack_hook: Any) -> None:
 def _unpacked_only_by(node: Any, name: str, unpack_hook: Any) -> bool:
     """True when reading `node.<name>` runs no unpack hook but `unpack_hook` (or none)."""
     if name == "saved_tensors":
-        forward = getattr(node, "_forward_cls", None)
+        forward = torch_api.forward_class(node)
         if getattr(forward, "clear_saved_tensors_on_access", False):
             return False
     try:
-        raw = getattr(node, "_raw" + name if name.startswith("_") else "_raw_" + name)
+        raw = torch_api.raw_saved(node, name)
     except AttributeError:
         return True  # no SavedTensor behind it: an int, sizes, a scalar
     except Exception:
         return False
     for saved in raw if isinstance(raw, (tuple, list)) else (raw,):
-        hook = None if saved is None else saved.unpack_hook
-        if hook is not None and hook != unpack_hook:
+        hook = None if saved is None else torch_api.saved_unpack_hook(saved)
+        # UNKNOWN (torch 2.4 tells neither): a node is probed only after our own pack hook saw
+        # its op save, so the hooks innermost then were ours.
+        if hook is not None and hook is not torch_api.UNKNOWN and hook != unpack_hook:
             return False
     return True
 

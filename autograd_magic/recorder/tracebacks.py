@@ -22,9 +22,7 @@ import dis
 from types import CodeType, FrameType, TracebackType
 from typing import Any
 
-import torch
-
-from autograd_magic.recorder import module_calls
+from autograd_magic.recorder import module_calls, torch_api
 from autograd_magic.recorder.frames import DISPATCH_TO_MODES, is_recorder
 
 
@@ -87,7 +85,7 @@ def _ours(entries: list[TracebackType], index: int) -> bool:
     )
 
 
-_CALL_IMPL: CodeType = torch.nn.Module._call_impl.__code__
+_CALL_IMPL: CodeType = torch_api.MODULE_CALL_IMPL_CODE
 _INNER = next(
     (c for c in _CALL_IMPL.co_consts if isinstance(c, CodeType) and c.co_name == "inner"), None
 )
@@ -138,10 +136,4 @@ def _hooked(module: Any) -> bool:
     its own, or a global module hook that is not the recorder's."""
     if module is None:
         return True
-    own = (
-        module._backward_hooks,
-        module._backward_pre_hooks,
-        module._forward_hooks,
-        module._forward_pre_hooks,
-    )
-    return any(own) or module_calls._has_any_global_hook_but_ours()
+    return torch_api.has_own_hooks(module) or module_calls._has_any_global_hook_but_ours()
