@@ -10,6 +10,8 @@ those finalizers is held and raised at the block's next torch call, hook or exit
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import threading
 import warnings
@@ -460,6 +462,21 @@ def uninstall_this_thread() -> int:
         block.abandon()
     install.purge_ended_modes(RecorderMode)
     return len(blocks) + install.purge_stranded()
+
+
+def _untrack_forked_child() -> None:
+    """In a process forked while blocks ran (DataLoader workers, multiprocessing): nobody reads
+    the copies of their traces, so the child runs untracked."""
+    for block in install.live_blocks():
+        if isinstance(block, Recorder):
+            # A fork's child must start whatever happens here.
+            with contextlib.suppress(BaseException):
+                block.abandon()
+    install.purge_ended_modes(RecorderMode)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_untrack_forked_child)
 
 
 _LOCALS_MESSAGE = (

@@ -246,9 +246,15 @@ _DEFAULTS = {
 }
 
 
+# The name of the newest module imported when the patches went in (see `_unbind_patches`).
+_last_module_before: list[str] = []
+
+
 def add_patches(block: Patched) -> None:
     """Route `torch.from_numpy` and user saved-tensor hooks to `block` until `remove_patches`."""
     dynamo.keep_out(_with_originals)  # before patching: Dynamo must learn the originals
+    if not _active:
+        _last_module_before[:] = [next(reversed(sys.modules), "")]
     for owner, attribute, ours, key in _PATCHES:
         current = getattr(owner, attribute)
         if current is not ours:
@@ -281,6 +287,26 @@ def remove_patches(block: Patched) -> None:
     for owner, attribute, ours, key in _PATCHES:
         if getattr(owner, attribute) is ours:
             setattr(owner, attribute, _originals.get(key, _DEFAULTS[key]))
+    _unbind_patches()
+
+
+def _unbind_patches() -> None:
+    """A module imported while the patches were in that bound one of them by name (a library's
+    `from warnings import warn`) gets the original: it would keep the replacement for good."""
+    originals = {
+        id(ours): (ours, _originals.get(key, _DEFAULTS[key])) for _, _, ours, key in _PATCHES
+    }
+    marker = _last_module_before[0] if _last_module_before else ""
+    for name in reversed(list(sys.modules)):  # newest first: imports are appended
+        if name == marker:
+            break
+        namespace = getattr(sys.modules.get(name), "__dict__", None)
+        if type(namespace) is not dict:
+            continue
+        for attribute, value in list(namespace.items()):
+            found = originals.get(id(value))
+            if found is not None and found[0] is value:
+                namespace[attribute] = found[1]
 
 
 def remove_mode(mode: Any) -> None:
