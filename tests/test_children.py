@@ -85,3 +85,19 @@ def test_a_library_imported_during_a_block_keeps_the_real_warn(tmp_path, monkeyp
     finally:
         sys.modules.pop("oldlib", None)
 
+
+@pytest.mark.parametrize("stacklevel", [0, -1, 1])
+def test_a_warning_with_stacklevel_zero_names_the_line_untracked_names(stacklevel):
+    """GIVEN warnings.warn(..., stacklevel=0) (or below) in a block WHEN it warns THEN the
+    warning names the calling line, as untracked (was: autograd_magic's warnings_site.py)."""
+    sites = []
+    for tracked in (False, True):
+        with (
+            am.track() if tracked else warnings.catch_warnings(),
+            warnings.catch_warnings(record=True) as caught,
+        ):
+            warnings.simplefilter("always")
+            warnings.warn("careful", UserWarning, stacklevel=stacklevel)
+        sites.append((caught[0].filename, caught[0].lineno))
+    assert sites[0][0] == __file__
+    assert sites[1] == sites[0]

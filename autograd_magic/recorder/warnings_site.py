@@ -61,6 +61,8 @@ def warn(message: Any, category: Any = None, stacklevel: int = 1, source: Any = 
         # Never let attribution change whether a warning is raised.
         with contextlib.suppress(Exception):
             stacklevel = _untracked_level(stacklevel)
+    elif type(stacklevel) is int:
+        stacklevel = 1  # 0 and below name warn's caller, as the builtin does
     ORIGINAL_WARN(message, category, stacklevel + 1, source)
 
 
