@@ -213,7 +213,9 @@ def _parse(magic: Any, line: str) -> Any:
 def _compile_cell(shell: Any, cell: str) -> tuple[CodeType, CodeType | None]:
     """The cell body compiled by IPython's compiler (tracebacks show its lines), and its last
     expression compiled separately so its value can be displayed like a normal cell's (none
-    when the cell ends with `;`, IPython's rule, the expression then runs in the body)."""
+    when the cell ends with `;`, IPython's rule, the expression then runs in the body).
+    `ast_node_interactivity` is followed as IPython follows it: 'all' shows every expression
+    statement's value as it runs, 'last_expr_or_assign' a last assignment's, 'none' nothing."""
     source = shell.transform_cell(cell)
     filename = shell.compile.cache(source, _running_cell_number(shell), raw_code=cell)
     tree = shell.transform_ast(shell.compile.ast_parse(source, filename=filename))
@@ -221,9 +223,30 @@ def _compile_cell(shell: Any, cell: str) -> tuple[CodeType, CodeType | None]:
     # Top-level `await` compiles as in a plain IPython cell (the code is then a coroutine).
     flags = shell.compile.flags | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
     quiet = DisplayHook.semicolon_at_end_of_expression(source)
-    if tree.body and isinstance(tree.body[-1], ast.Expr) and not quiet:
+    interactivity = getattr(shell, "ast_node_interactivity", "last_expr")
+    if interactivity == "last_expr_or_assign" and tree.body:
+        _show_assigned_name(tree.body)
+    if tree.body and isinstance(tree.body[-1], ast.Expr) and not quiet and interactivity != "none":
         last = compile(ast.Expression(tree.body.pop().value), filename, "eval", flags, True)
+    if interactivity == "all":
+        # Compiled as interactive input, each expression statement calls sys.displayhook (the
+        # shell's: `Out[n]`), as IPython runs each node of such a cell.
+        interactive = ast.Interactive(body=tree.body)
+        return compile(interactive, filename, "single", flags, True), last
     return compile(tree, filename, "exec", flags, True), last
+
+
+def _show_assigned_name(body: list[ast.stmt]) -> None:
+    """IPython's 'last_expr_or_assign': a last assignment to one name shows that name."""
+    node = body[-1]
+    target = None
+    if isinstance(node, ast.Assign) and len(node.targets) == 1:
+        target = node.targets[0]
+    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        target = node.target
+    if isinstance(target, ast.Name):
+        shown = ast.Expr(ast.Name(target.id, ast.Load()))
+        body.append(ast.fix_missing_locations(ast.copy_location(shown, node)))
 
 
 def _running_cell_number(shell: Any) -> int:

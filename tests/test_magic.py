@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import time
 
 import comm
@@ -357,3 +358,41 @@ def test_top_level_await_runs_like_a_plain_cell(shell):
     assert result.error_in_exec is None
     assert float(result.result) == pytest.approx(2 * 2.718281828)
     assert shell.user_ns["tr"].nodes_created == 3  # exp, sum and x's AccumulateGrad
+
+
+@pytest.mark.parametrize("interactivity", ["all", "last_expr", "last_expr_or_assign", "none"])
+def test_the_values_shown_follow_ast_node_interactivity(shell, interactivity):
+    """GIVEN IPython's ast_node_interactivity ('all' shows every expression statement's value,
+    'last_expr_or_assign' also a last assignment's, 'none' none) WHEN a cell runs plain and under
+    %%trackgraph THEN the same values are shown, in the same order."""
+
+    def shown(cell: str) -> list[str]:
+        with capture_output() as captured:
+            shell.run_cell(cell, store_history=True)
+        return [
+            re.sub(r"Out\[\d+\]", "Out", line)
+            for line in captured.stdout.splitlines()
+            if line.startswith("Out[")
+        ]
+
+    cell = "x = 3\nx + 1\nfor i in range(2):\n    i * 10\ny = x * 2\n"
+    before = shell.ast_node_interactivity
+    shell.ast_node_interactivity = interactivity
+    try:
+        plain = shown(cell)
+        tracked = shown("%%trackgraph --text\n" + cell)
+        plain_last = shown(cell + "x + 2")
+        tracked_last = shown("%%trackgraph --text\n" + cell + "x + 2")
+    finally:
+        shell.ast_node_interactivity = before
+    assert tracked == plain
+    assert tracked_last == plain_last
+    assert (
+        plain_last
+        == {
+            "all": ["Out: 4", "Out: 0", "Out: 10", "Out: 5"],
+            "last_expr": ["Out: 5"],
+            "last_expr_or_assign": ["Out: 5"],
+            "none": [],
+        }[interactivity]
+    )
