@@ -1172,3 +1172,20 @@ def test_a_thread_importing_dynamo_while_a_block_runs_is_left_alone():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def _profiled_op_counts(tracked: bool) -> dict[str, int]:
+    with am.track() if tracked else contextlib.nullcontext():
+        x = torch.ones(3, requires_grad=True)
+        with torch.profiler.profile() as prof:
+            loss = x.exp().tanh().sigmoid().sum()  # each saves its output
+            loss.backward()
+    return {e.key: e.count for e in prof.key_averages() if e.key.startswith("aten::")}
+
+
+def test_a_profiler_counts_the_same_ops_tracked():
+    """The recorder's alias of a saved output (what autograd keeps of it) is no op a profiler
+    lists: was one extra aten::detach per saved output (issue 31, item 8)."""
+    untracked = _profiled_op_counts(tracked=False)
+    assert untracked["aten::exp"] == 1
+    assert _profiled_op_counts(tracked=True) == untracked

@@ -25,18 +25,9 @@ HOME = PACKAGE / "recorder" / "torch_api.py"
 SAVED_PREFIXES = ("_saved_", "_raw_saved_")
 # Public attributes that only some releases in the supported range have.
 VERSION_DEPENDENT = {"unpack_hook"}
-# Uses not routed yet, in modules being reworked (saved inputs held in torch List slots): each
-# entry must still be found, so the list only shrinks. Routing them empties it.
-PENDING = {
-    "autograd_magic/recorder/saved.py": {
-        "torch._C",
-        "._version",
-        "._base",
-        "._is_view",
-        "'_saved_'",
-    },
-    "autograd_magic/recorder/packing.py": {"._sequence_nr"},
-}
+# Uses not routed yet, in modules being reworked: each entry must still be found, so the list
+# only shrinks.
+PENDING: dict[str, set[str]] = {}
 
 
 def _private(name: str) -> bool:

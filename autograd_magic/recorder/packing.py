@@ -14,6 +14,7 @@ import torch
 
 from autograd_magic.model.records import SavedBuffer
 from autograd_magic.model.trace import Trace
+from autograd_magic.recorder import torch_api
 from autograd_magic.recorder.aliases import AliasTracker
 from autograd_magic.recorder.deferred import pending, raise_pending
 from autograd_magic.recorder.saved import PackedSaved, is_parameter, may_own_saved, storage_of
@@ -106,7 +107,7 @@ class SavedTensorRecording:
             or self._key in grad_fn.metadata
             or (
                 threading.get_ident() == self._thread
-                and grad_fn._sequence_nr() < self._sequence_start
+                and torch_api.node_sequence_nr(grad_fn) < self._sequence_start
             )
             or not may_own_saved(type(grad_fn))
         )

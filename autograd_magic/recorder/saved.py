@@ -31,11 +31,11 @@ class TensorSlots:
     So a saved input's use count, refcount and `gc` view are as untracked (PyTorch's
     `swap_tensors` guard counts uses), and reading a slot gives back the user's own object, a
     `Parameter` with its attributes. The table is a typed `List[Tensor]` made in C++
-    (`torch._C.ScriptList`); a slot is emptied the moment its packed object dies."""
+    (`torch_api.new_tensor_list`); a slot is emptied the moment its packed object dies."""
 
     def __init__(self) -> None:
         self._empty = torch.empty(0)
-        self._table: Any = _new_tensor_list([self._empty])
+        self._table: Any = torch_api.new_tensor_list([self._empty])
         self._free: list[int] = []
         self._grow = threading.Lock()
 
@@ -68,14 +68,19 @@ class TensorSlots:
         del tensor
 
 
-def _new_tensor_list(items: list[torch.Tensor]) -> Any:
-    try:
-        return torch._C.ScriptList(items)
-    except Exception:  # a torch without TorchScript's list: hold Python objects instead
-        return None
-
-
 SLOTS = TensorSlots()
+
+
+def _unlisted_detach(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor.detach()`, left out of a running profiler's ops: what PyTorch keeps of a saved
+    output untracked is no op either, so the user's op counts stay as they are."""
+    if not torch_api.profiler_enabled():
+        return tensor.detach()
+    torch_api.enable_record_function(False)  # a profiler is on, so it was on
+    try:
+        return tensor.detach()
+    finally:
+        torch_api.enable_record_function(True)
 
 
 class PackedSaved:
@@ -109,7 +114,7 @@ class PackedSaved:
         # every freeing moment, use count and refcount unchanged; `keep_original` is only set
         # when `tensor.grad_fn` cannot be the node being built, so the output cycle of trap 1
         # cannot form.
-        self.version = tensor._version
+        self.version = torch_api.version_of(tensor)
         self.writer_ref = writer_ref
         self.buffer_id = buffer_id
         if keep_original:
@@ -123,7 +128,7 @@ class PackedSaved:
         else:
             self.slot = -1
             self.had_grad_fn = False
-            self.detached = tensor.detach()
+            self.detached = _unlisted_detach(tensor)
             self.grad_fn_name = None if grad_fn is None else grad_fn.name()
             self.output_nr = tensor.output_nr
         self.held_by = held_by_at_saving(tensor)
@@ -162,7 +167,7 @@ class PackedSaved:
         __tracebackhide__ = True
         if self.had_grad_fn and self.tensor.grad_fn is None:
             raise RuntimeError(DETACHED_MESSAGE)
-        current = self.tensor._version
+        current = torch_api.version_of(self.tensor)
         if current != self.version:
             raise RuntimeError(self._version_error(current))
         return self.tensor
@@ -201,7 +206,7 @@ def held_by_at_saving(tensor: torch.Tensor) -> HeldBy:
     """Who else surely holds a tensor's memory when it is saved: a leaf that requires grad (or a
     view of one, as addmm saves `weight.t()`) outlives the graph. Anything else counts as the
     graph's until a read (`outside.holder_of`) finds another holder."""
-    root = tensor._base if tensor._is_view() else tensor
+    root = torch_api.base_of(tensor) if torch_api.is_view(tensor) else tensor
     if root is not None and root.is_leaf and root.requires_grad:
         return "parameter" if is_parameter(root) else "user tensor"
     return ""
@@ -249,7 +254,7 @@ def saved_attribute_names(node_type: type) -> tuple[str, ...]:
     """Names of a node type's attributes that unpack saved tensors (cached per type)."""
     names = _SAVED_ATTRS.get(node_type)
     if names is None:
-        names = tuple(a for a in dir(node_type) if a.startswith("_saved_"))
+        names = tuple(a for a in dir(node_type) if a.startswith(torch_api.SAVED_ATTR_PREFIX))
         if issubclass(node_type, torch.autograd.function.BackwardCFunction):
             names += ("saved_tensors",)
         _SAVED_ATTRS[node_type] = names

@@ -120,6 +120,17 @@ profiler_enabled: Callable[[], bool] = torch._C._autograd._profiler_enabled
 enable_record_function: Callable[[bool], None] = torch._C._autograd._enable_record_function
 
 
+# --- A list that holds tensors as C++ does (TorchScript's typed List[Tensor]) ---
+def new_tensor_list(items: list[torch.Tensor]) -> Any:
+    """A `List[Tensor]` made in C++ (`torch._C.ScriptList`): each item is held by its
+    TensorImpl, not its Python object, as autograd's saved slots hold them. None where this
+    torch has no such list (then `saved.TensorSlots` keeps Python objects)."""
+    try:
+        return torch._C.ScriptList(items)
+    except Exception:
+        return None
+
+
 # --- Saved-tensor default hooks (the stack `saved_tensors_hooks` pushes onto) ---
 AUTOGRAD_C: Any = torch._C._autograd  # owner of the entries `install` patches
 SAVED_HOOKS_DISABLE = "_saved_tensors_hooks_disable"
