@@ -3,8 +3,10 @@ envelope, and live timeline redraws that fit the panel's time budget."""
 
 from __future__ import annotations
 
+import gc
 import io
 import time
+import tracemalloc
 
 import numpy
 import pytest
@@ -206,3 +208,38 @@ def test_a_clean_loop_shows_no_provisional_finding():
     seen, _ = _live_findings(keep=False)
     assert len(seen) >= 3
     assert not [steps for steps, text in seen if GROWING in text]
+
+
+def _records_of_every_kind() -> None:
+    """One step making nodes, saved buffers, alias links, an in-place write and a backward."""
+    x = torch.ones(4, requires_grad=True)
+    y = (x * 2).exp()
+    view, detached = y.view(2, 2), y.detach()
+    written = torch.ones(4)
+    written.add_(1)
+    y.sum().backward()
+    del view, detached
+
+
+def test_memory_stays_flat_once_every_record_cap_is_reached():
+    """GIVEN a long loop WHEN every record list has reached its cap THEN the recorder's memory
+    stops growing: records are counted, not kept (issue 31, item 6; README's Limits gives what
+    the records cost at the default caps)."""
+    trace_to_fill = autograd_magic.Trace(max_records=300, max_timeline=300)
+    tracemalloc.start()
+    try:
+        with autograd_magic.track(trace=trace_to_fill) as trace:
+            for _ in range(400):
+                _records_of_every_kind()
+            gc.collect()
+            at_caps = tracemalloc.get_traced_memory()[0]
+            for _ in range(3000):
+                _records_of_every_kind()
+            gc.collect()
+            later = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    caps = [trace.nodes, trace.buffers, trace.links, trace.version_bumps, trace.backward_calls]
+    assert [len(records) for records in caps] == [300] * 5
+    assert trace.dropped_nodes > 0 and trace.dropped_buffers > 0 and trace.dropped_events > 0
+    assert later - at_caps < 100_000, later - at_caps

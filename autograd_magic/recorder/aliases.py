@@ -27,7 +27,10 @@ NUMPY_WATCH_MAX_BYTES = 16 * 2**20
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
 _INPLACE_WHAT: dict[str, str] = {}  # op name -> its timeline label, built once per op
-PRUNE_EVERY = 4096
+# Released buffers' and dead objects' entries are dropped in bulk, at least this often; a bulk
+# prune of the saved-buffer table waits for twice its size in new entries (amortised O(1) per
+# buffer), so what a long loop leaves between prunes stays a fraction of what is alive.
+PRUNE_EVERY = 256
 
 
 def _is_ndarray(obj: Any) -> bool:
@@ -86,6 +89,7 @@ class AliasTracker:
         # storage key -> weak reference(s) to the live saved buffers on it, in saving order
         self._live_saved: dict[int, Any] = {}
         self._watched = 0
+        self._next_prune = PRUNE_EVERY  # `_watched` count at which to prune `_live_saved`
         self._numpy_watches: list[_NumpyWatch] = []
         self._shared_with: dict[int, set[int]] = {}  # uid -> uids linked by shared memory
         # storage key -> the NumPy array whose memory a tensor uses (from_numpy, as_tensor)
@@ -109,7 +113,7 @@ class AliasTracker:
         else:
             table[key] = [entry, ref]
         self._watched += 1
-        if self._watched % PRUNE_EVERY == 0:
+        if self._watched >= self._next_prune:
             self._prune_saved()
 
     def live_saved_on(self, storage_key: int) -> list[PackedSaved]:
@@ -138,6 +142,7 @@ class AliasTracker:
                 del table[key]
             else:
                 table[key] = live[0] if len(live) == 1 else live
+        self._next_prune = self._watched + max(PRUNE_EVERY, 2 * len(table))
 
     def _saved_on(self, tensor: torch.Tensor, saved_before: int) -> tuple[list[int], list[int]]:
         """Live buffers saved before the write on `tensor`'s memory: (those whose version check
