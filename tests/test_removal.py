@@ -42,9 +42,8 @@ def test_a_removal_that_always_fails_ends_the_block_and_is_reported_once(failing
     stays installed only passes calls on."""
     state, calls = failing_removal
     state["make"] = lambda: RuntimeError("private function missing")
-    with pytest.warns(RuntimeWarning, match="could not remove") as caught:
-        with am.track() as trace:
-            y = torch.ones(3, requires_grad=True) * 2
+    with pytest.warns(RuntimeWarning, match="could not remove") as caught, am.track() as trace:
+        y = torch.ones(3, requires_grad=True) * 2
     assert len(calls) <= 5
     assert len([w for w in caught if "could not remove" in str(w.message)]) == 1
     assert [b for b in trace.blindspots if "could not remove" in b.message]
