@@ -27,6 +27,11 @@ class UsageProblem(Exception):
 
 def parser() -> argparse.ArgumentParser:
     """The command line's parser (subcommands `run` and `report`)."""
+    return _parsers()[0]
+
+
+def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The top-level parser and each subcommand's own, by name."""
     top = argparse.ArgumentParser(
         prog="python -m autograd_magic",
         description="Record what PyTorch autograd does with memory in scripts and jobs.",
@@ -48,12 +53,15 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("paths", nargs="+", metavar="PATH", help="trace files")
     report.add_argument("--html", metavar="OUT", help="HTML file to write")
     report.add_argument("--text", action="store_true", help="print the text report")
-    return top
+    return top, {"run": run, "report": report}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; the process exit code."""
-    args = parser().parse_args(argv)
+    top, commands = _parsers()
+    args, unknown = top.parse_known_args(argv)
+    if unknown:  # told with the command's own usage, not the top level's
+        commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         if args.command == "run":
             return run_script(args)

@@ -323,3 +323,14 @@ def test_a_script_excepthook_formats_the_error_as_without_the_runner(tmp_path):
     run = tracked("run", "--quiet", "h.py", cwd=tmp_path)
     assert run.returncode == plain.returncode == 1
     assert run.stdout == plain.stdout == "HOOK OSError disk\n"
+
+
+def test_an_unknown_option_of_a_command_prints_that_commands_usage(capsys):
+    """`report t.json --bogus` names the report command's usage, not the top level's (issue 36,
+    item 8)."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["report", "t.json", "--bogus"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert err.startswith("usage: python -m autograd_magic report [-h]"), err
+    assert err.rstrip().endswith("error: unrecognized arguments: --bogus"), err
