@@ -215,7 +215,8 @@ def _compile_cell(shell: Any, cell: str) -> tuple[CodeType, CodeType | None]:
     expression compiled separately so its value can be displayed like a normal cell's (none
     when the cell ends with `;`, IPython's rule, the expression then runs in the body).
     `ast_node_interactivity` is followed as IPython follows it: 'all' shows every expression
-    statement's value as it runs, 'last_expr_or_assign' a last assignment's, 'none' nothing."""
+    statement's value as it runs, 'last' those of the last statement, 'last_expr_or_assign' a
+    last assignment's, 'none' nothing."""
     source = shell.transform_cell(cell)
     filename = shell.compile.cache(source, _running_cell_number(shell), raw_code=cell)
     tree = shell.transform_ast(shell.compile.ast_parse(source, filename=filename))
@@ -228,6 +229,10 @@ def _compile_cell(shell: Any, cell: str) -> tuple[CodeType, CodeType | None]:
         _show_assigned_name(tree.body)
     if tree.body and isinstance(tree.body[-1], ast.Expr) and not quiet and interactivity != "none":
         last = compile(ast.Expression(tree.body.pop().value), filename, "eval", flags, True)
+    elif tree.body and interactivity == "last":
+        # The last statement runs as interactive input (a loop's expression statements show);
+        # evaluated like a last expression, it gives None, which shows nothing more.
+        last = compile(ast.Interactive(body=[tree.body.pop()]), filename, "single", flags, True)
     if interactivity == "all":
         # Compiled as interactive input, each expression statement calls sys.displayhook (the
         # shell's: `Out[n]`), as IPython runs each node of such a cell.

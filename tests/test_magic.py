@@ -360,11 +360,14 @@ def test_top_level_await_runs_like_a_plain_cell(shell):
     assert shell.user_ns["tr"].nodes_created == 3  # exp, sum and x's AccumulateGrad
 
 
-@pytest.mark.parametrize("interactivity", ["all", "last_expr", "last_expr_or_assign", "none"])
+@pytest.mark.parametrize(
+    "interactivity", ["all", "last", "last_expr", "last_expr_or_assign", "none"]
+)
 def test_the_values_shown_follow_ast_node_interactivity(shell, interactivity):
     """GIVEN IPython's ast_node_interactivity ('all' shows every expression statement's value,
-    'last_expr_or_assign' also a last assignment's, 'none' none) WHEN a cell runs plain and under
-    %%trackgraph THEN the same values are shown, in the same order."""
+    'last' those the last statement runs, 'last_expr_or_assign' also a last assignment's, 'none'
+    none) WHEN a cell runs plain and under %%trackgraph THEN the same values are shown, in the
+    same order."""
 
     def shown(cell: str) -> list[str]:
         with capture_output() as captured:
@@ -375,7 +378,9 @@ def test_the_values_shown_follow_ast_node_interactivity(shell, interactivity):
             if line.startswith("Out[")
         ]
 
-    cell = "x = 3\nx + 1\nfor i in range(2):\n    i * 10\ny = x * 2\n"
+    cell = (
+        "x = 3\nx + 1\nfor i in range(2):\n    i * 10\ny = x * 2\nfor j in range(2):\n    j + 7\n"
+    )
     before = shell.ast_node_interactivity
     shell.ast_node_interactivity = interactivity
     try:
@@ -390,7 +395,8 @@ def test_the_values_shown_follow_ast_node_interactivity(shell, interactivity):
     assert (
         plain_last
         == {
-            "all": ["Out: 4", "Out: 0", "Out: 10", "Out: 5"],
+            "all": ["Out: 4", "Out: 0", "Out: 10", "Out: 7", "Out: 8", "Out: 5"],
+            "last": ["Out: 5"],
             "last_expr": ["Out: 5"],
             "last_expr_or_assign": ["Out: 5"],
             "none": [],
