@@ -219,6 +219,13 @@ def test_examples_folder_holds_the_quickstart_and_one_notebook_per_question():
     assert notebook_names() == EXPECTED_NOTEBOOKS
 
 
+def test_the_quickstart_links_every_other_notebook():
+    # GIVEN the quickstart's markdown WHEN read THEN it links each example notebook (issue 36)
+    text = "".join(c.source for c in read("quickstart").cells if c.cell_type == "markdown")
+    linked = {name for name in EXPECTED_NOTEBOOKS if f"({name}.ipynb)" in text}
+    assert linked == set(EXPECTED_NOTEBOOKS) - {"quickstart"}
+
+
 @pytest.mark.parametrize("name", EXPECTED_NOTEBOOKS)
 def test_committed_notebook_is_executed_small_and_carries_the_static_fallback(name):
     # GIVEN the committed notebook
