@@ -330,3 +330,38 @@ def test_a_running_loop_with_steady_live_nodes_or_a_finished_one_has_no_provisio
     finished = _running_loop(grow=3)
     finished.finished = True  # the real findings replace the provisional one
     assert not any("So far" in s.text for s in sentences(finished))
+
+
+def _many_rows_trace() -> Trace:
+    with autograd_magic.track() as trace:
+        x = torch.ones(3, requires_grad=True)
+        kept = [(x * i).exp() for i in range(30)]  # 30 saved buffers, rows of the Buffers table
+    del kept
+    return trace
+
+
+def test_a_cut_table_names_the_live_panel_only_beside_one():
+    # GIVEN a finished trace whose tables have more rows than a saved output shows
+    from autograd_magic.views.html import page, static_html
+
+    trace = _many_rows_trace()
+    # WHEN rendered as a script's report (no live panel) and as a notebook's saved copy
+    report, saved_copy = static_html(trace), page(trace)
+    # THEN only the notebook's copy points to the live panel (issue 36, item 4)
+    assert "rows in this saved output." in report and "live panel" not in report
+    assert "rows in this saved output; the live panel lists up to" in saved_copy
+
+
+def test_a_quoted_line_leaves_out_its_comment():
+    # GIVEN backward(retain_graph=True) called from a commented line
+    with autograd_magic.track() as trace:
+        x = torch.ones(3, requires_grad=True)
+        losses = [(x * i).exp().sum() for i in (1, 2)]
+        for loss in losses:
+            loss.backward(retain_graph=True)  # keep   it for later
+    (retained,) = [f for f in trace.findings if f.kind == "retained-graph"]
+    # THEN the line is quoted without the comment (was "(`... # keep it for later`)"; issue
+    # 36, item 7; test_real_loops holds ", called N times)" inside the same parentheses)
+    assert "(`loss.backward(retain_graph=True)`)" in retained.message
+    assert "keep" not in retained.message
+    del losses, loss

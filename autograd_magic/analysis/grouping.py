@@ -153,7 +153,7 @@ def _by_module(
         name = shown_as.removeprefix(strip)
         kind = trace.module_types.get(path, "")
         modules[("module", shown_as)] = ModuleBox(shown_as, name, kind, count)
-    parts = [f"ops outside modules: {note}"] if note else []
+    parts = [f"for ops outside modules, {note}"] if note else []
     if len(shown) < len(merged):
         parts.insert(0, f"repeated layers merged ({len(merged):,} modules in {len(shown):,} boxes)")
     return (lambda r: keys[r.id]), "; ".join(parts), modules
@@ -198,8 +198,8 @@ def collapse(
     shape = _structure(records, next_ids)
     levels: list[tuple[str, Key]] = [
         (
-            "repeated structure is merged: one box per node type, creating line and "
-            f"{STRUCTURE_DEPTH} levels of graph beneath it",
+            "repeated structure is merged (nodes of one type, made on one line, with the same "
+            f"{STRUCTURE_DEPTH} levels of graph beneath them, share a box)",
             lambda r: ("shape", r.born_site, shape[r.id]),
         ),
         (

@@ -85,14 +85,13 @@ def sentences_html(items: list[Sentence], title: str) -> str:
     return div(f"<b>{html.escape(title)}</b><ul style='padding-left:0;margin:2px 0'>{rows}</ul>")
 
 
-def first_rows(table: Table, limit: int = STATIC_TABLE_ROWS) -> Table:
-    """`table` cut to `limit` rows for saved outputs, saying how many the live panel has."""
+def first_rows(table: Table, limit: int = STATIC_TABLE_ROWS, live_rows: int | None = None) -> Table:
+    """`table` cut to `limit` rows for saved outputs, saying how many the live panel beside
+    them lists (`live_rows`; None where there is no live panel, as in a script's report)."""
     if len(table.rows) <= limit:
         return table
-    note = (
-        f"Showing {limit} of {len(table.rows):,} rows in this saved output; "
-        f"the live panel lists up to {MAX_TABLE_ROWS:,}."
-    )
+    note = f"Showing {limit} of {len(table.rows):,} rows in this saved output"
+    note += f"; the live panel lists up to {live_rows:,}." if live_rows else "."
     return Table(table.title, table.headers, table.rows[:limit], f"{note} {table.note}".strip())
 
 
@@ -168,9 +167,11 @@ def page(
     graph_png: bytes = b"",
     graph_note: str = "",
     tables: ReportTables | None = None,
+    live_rows: int | None = MAX_TABLE_ROWS,
 ) -> str:
     """The whole view as one HTML fragment: status, summary, findings, timeline, backward calls,
-    graph and (cut) tables; pictures given as PNG bytes are embedded."""
+    graph and (cut) tables; pictures given as PNG bytes are embedded. `live_rows`: the rows a
+    live panel beside it lists (None: there is none)."""
     parts = [
         status_html(trace),
         summary_html(trace),
@@ -187,7 +188,9 @@ def page(
         ]
     if trace.finished:
         named = tables or report_tables(trace)
-        parts += [table_html(first_rows(t), flag) for t, flag in named.flagged()]
+        parts += [
+            table_html(first_rows(t, live_rows=live_rows), flag) for t, flag in named.flagged()
+        ]
     return f'<div style="{TEXT_STYLE}">' + "".join(parts) + "</div>"
 
 
@@ -202,4 +205,5 @@ def static_html(trace: Trace, max_nodes: int = DEFAULT_MAX_NODES) -> str:
         figure_png(timeline_figure(trace)),
         figure_png(graph_figure(view)),
         note,
+        live_rows=None,
     )

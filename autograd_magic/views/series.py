@@ -24,7 +24,7 @@ def x_axis(trace: Trace, seqs: numpy.ndarray) -> tuple[numpy.ndarray, str, bool]
     if len(ends) < MIN_STEPS:
         return (
             seqs,
-            "recorded events in order (ops, saves, frees; labels give the cell line)",
+            "recorded events in order (ops, saves, frees; labels give the line)",
             False,
         )
     knots = numpy.array([seqs[0], *ends], dtype=float)

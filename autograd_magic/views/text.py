@@ -111,7 +111,7 @@ def _growth_sentence(growth: NodeGrowth, block: str) -> Sentence:
         )
     elif growth.holder is not None:
         text += f": `{growth.holder}` holds the graphs of the last steps"
-    text += "." if growth.holder else f". What holds it is named when the {block} ends."
+    text += "." if growth.holder else f". The {block}'s end names the variable that holds it."
     return Sentence(text, line, "finding")
 
 

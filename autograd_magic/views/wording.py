@@ -7,7 +7,9 @@ into the `Finding` records the trace stores (and its JSON keeps).
 
 from __future__ import annotations
 
+import io
 import linecache
+import tokenize
 from collections.abc import Callable, Iterable
 
 from autograd_magic.analysis.findings import Fact, SavedBy, find_facts
@@ -38,8 +40,22 @@ def finding(fact: Fact) -> Finding:
 
 # ----- source quotes and lists --------------------------------------------------------------
 def source_of(site: Site) -> str:
-    """The source text of a site's line, or '' when the file is not available."""
-    return linecache.getline(site.file, site.line).strip()
+    """The source text of a site's line without its comment, or '' when the file is not
+    available."""
+    return without_comment(linecache.getline(site.file, site.line).strip())
+
+
+def without_comment(line: str) -> str:
+    """`line` with its trailing `# comment` cut (a `#` inside a string stays)."""
+    if "#" not in line:
+        return line
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(line).readline):
+            if token.type == tokenize.COMMENT:
+                return line[: token.start[1]].rstrip()
+    except (tokenize.TokenError, SyntaxError):  # a line of a longer statement
+        pass
+    return line
 
 
 def quoted_code(site: Site | None) -> str:
@@ -263,14 +279,13 @@ def _once_detached(retain: bool, writes_hit_saved: bool) -> str:
 def _retained(f: Fact) -> str:
     assert f.reference is not None
     times = f.detail["times"]
-    times_text = f" (called {times:,} times)" if times > 1 else ""
     keeper = f" as long as `{f.holder}` is alive" if f.holder else " until the graph is dropped"
     kept_text = (
         f"{format_bytes(f.nbytes)} of saved tensors ({len(f.buffer_ids):,} buffers, saved at "
         f"{line_list(f.related_lines)}) that no later backward released; they stay in "
         f"memory{keeper}."
     )
-    call_text = f"{f.reference.describe()}{times_text}{quoted_code(f.reference)}"
+    call_text = f.reference.describe() + _quoted_call(f.reference, times)
     if f.cause is not None:
         return (
             f"{because(f.cause)}each backward reaches back into it, which is why "
@@ -282,6 +297,14 @@ def _retained(f: Fact) -> str:
         f"backpropagate once, drop retain_graph=True; for several losses, sum them and "
         f"call backward once."
     )
+
+
+def _quoted_call(site: Site, times: int) -> str:
+    """' (`code`, called 3 times)', ' (`code`)' or ' (called 3 times)'."""
+    parts = [f"`{text}`"] if (text := source_of(site)) else []
+    if times > 1:
+        parts.append(f"called {times:,} times")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _freed_twice(fix: Callable[[Fact], str]) -> Callable[[Fact], str]:
