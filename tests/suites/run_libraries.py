@@ -4,8 +4,9 @@ used. Not collected by pytest and not run in CI: the tests come from the librari
 
     python tests/suites/run_libraries.py CHECKOUTS [--out DIR] [NAME ...]
 
-CHECKOUTS holds one folder per library (einops, torchmetrics, opacus, captum), each the library's
-repository at the commit below (`git archive COMMIT | tar x -C CHECKOUTS/NAME`). Run it with a
+CHECKOUTS holds one folder per library (einops, torchmetrics, opacus, tensordict, captum), each the
+library's repository at the commit below (`git archive COMMIT | tar x -C CHECKOUTS/NAME`; for
+tensordict only `test` and `pytest.ini`). Run it with a
 Python that has torch, autograd_magic, pytest, pytest-xdist, pytest-timeout and the libraries at
 the versions below installed (BASELINE.md lists the commands).
 """
@@ -73,6 +74,19 @@ SUITES: dict[str, tuple[str, str, list[str], dict[str, str]]] = {
         "1.5.4",
         "f3752c3ad0fcac0f0a2690e67e8cc3ff14c133e4",
         ["opacus/tests", *(f"--ignore=opacus/tests/{name}" for name in OPACUS_IGNORED)],
+        {},
+    ),
+    # Only test/ and pytest.ini of its checkout: its package folder would shadow the installed
+    # build (with the compiled tensordict._C).
+    "tensordict": (
+        "0.14.0",
+        "54a510733bbe3901821b0c958b9f59ad12d2ba24",
+        [
+            "test/nn/test_functorch.py",
+            "test/nn/test_nn.py",
+            "test/tensordict/test_generic.py",
+            "test/tensorclass/test_tensorclass.py",
+        ],
         {},
     ),
     "captum": (
