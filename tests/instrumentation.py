@@ -47,5 +47,7 @@ def installed() -> tuple:
         tuple(nn_module._global_forward_hooks),
         getattr(nn_module, "_has_any_global_hook", None),  # torch >= 2.5
         sys.unraisablehook,
-        tuple(sys.meta_path),  # the watcher for Dynamo's import (recorder.dynamo)
+        # The watcher for Dynamo's import (recorder.dynamo); finders other libraries add when
+        # first imported (setuptools' VendorImporter, under older setuptools) are not ours.
+        tuple(f for f in sys.meta_path if type(f).__module__.startswith("autograd_magic")),
     )

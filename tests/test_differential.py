@@ -30,6 +30,7 @@ import autograd_magic as am
 
 # PyTorch's anomaly mode warns in both runs of the scenario that enables it.
 pytestmark = pytest.mark.filterwarnings("ignore:Error detected in:UserWarning")
+_TORCH_RELEASE = tuple(int(part) for part in torch.__version__.split(".")[:2])
 
 # ----- scenarios -------------------------------------------------------------------------------
 
@@ -475,6 +476,13 @@ def test_recorder_and_trace_hold_no_user_object(gc_disabled):
 
 
 @pytest.mark.parametrize("backend", ["aot_eager"])
+@pytest.mark.xfail(
+    _TORCH_RELEASE < (2, 5),
+    reason="torch 2.4 compiles under the recorder's function mode: the ops AOTAutograd traces "
+    "while compiling are recorded as nodes and the compiled node is not (README, Supported "
+    "versions); the results are the same as untracked",
+    strict=True,
+)
 def test_compiled_code_runs_and_the_trace_names_what_it_could_not_see(backend, gc_disabled):
     """GIVEN a function compiled with torch.compile WHEN it runs tracked THEN results match and
     the trace says the compiled part hides its inner nodes."""

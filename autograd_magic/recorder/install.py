@@ -422,12 +422,19 @@ def push_mode_innermost(mode: Any) -> None:
     Torch calls reach the innermost mode last, with every mode above it set aside: the
     recorder's own bookkeeping there is invisible to the user's modes, which see exactly the
     calls they see untracked. A `DeviceContext` (`torch.set_default_device`) stays at the bottom,
-    where PyTorch requires it to be.
+    where PyTorch requires it to be (torch 2.4 stacks it like any mode: there it stays above
+    ours, see `torch_api.DEVICE_CONTEXT_AT_BOTTOM`).
     """
     above = []
     while torch_api.function_mode_stack():
         above.append(torch_api.pop_function_mode())
-    bottom = above.pop() if above and isinstance(above[-1], torch_api.DeviceContext) else None
+    bottom = (
+        above.pop()
+        if above
+        and isinstance(above[-1], torch_api.DeviceContext)
+        and torch_api.DEVICE_CONTEXT_AT_BOTTOM
+        else None
+    )
     try:
         if bottom is not None:
             torch_api.push_function_mode(bottom)

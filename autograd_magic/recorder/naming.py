@@ -281,8 +281,10 @@ def frame_namespace(frame: types.FrameType) -> dict[str, Any] | None:
 
 
 # Offsets (in pointers) of `f_code`, `f_globals` and the cached `f_locals` in CPython's
-# _PyInterpreterFrame, reached from PyFrameObject.f_frame (the 4th pointer of the frame object).
-_FRAME_LAYOUTS = {(3, 11): (4, 1, 3), (3, 12): (0, 3, 5)}
+# _PyInterpreterFrame, reached from PyFrameObject.f_frame (the 4th pointer of the frame object);
+# Python 3.10 keeps them in the frame object itself (after ob_refcnt, ob_type, ob_size, f_back).
+_FRAME_LAYOUTS = {(3, 10): (4, 6, 7), (3, 11): (4, 1, 3), (3, 12): (0, 3, 5)}
+_IN_FRAME_OBJECT = sys.version_info[:2] == (3, 10)
 
 
 def _cached_locals(frame: types.FrameType) -> tuple[bool, dict | None]:
@@ -292,7 +294,7 @@ def _cached_locals(frame: types.FrameType) -> tuple[bool, dict | None]:
         return False, None
     code_at, globals_at, locals_at = layout
     pointer = ctypes.POINTER(ctypes.c_void_p)
-    interpreter_frame = ctypes.cast(id(frame), pointer)[3]
+    interpreter_frame = id(frame) if _IN_FRAME_OBJECT else ctypes.cast(id(frame), pointer)[3]
     if not interpreter_frame:
         return False, None
     slots = ctypes.cast(interpreter_frame, pointer)

@@ -194,6 +194,10 @@ class NodeRecording:
 
     def _assign_buffers(self, found: list[tuple[Any, int, Any]], mark: int, site: Site) -> None:
         unowned = self._unowned
+        if len(unowned) == mark and not torch_api.TELLS_WHO_PACKED:
+            # Our pack hook saw nothing of this op: its saved tensors, if any, are another hook's
+            # (a checkpoint's), and on torch 2.4 a probe could run that hook's unpack.
+            return
         # Only a node that may save can own buffers (not AccumulateGrad, nor the TBackward0
         # that F.linear makes beside its AddmmBackward0): where one node of the op may, it owns
         # all the op saved, as for an op that made one node.

@@ -36,6 +36,10 @@ disable_current_modes = _disable_current_modes
 DisableTorchFunction = torch._C.DisableTorchFunction
 DisableTorchFunctionSubclass = torch._C.DisableTorchFunctionSubclass
 torch_dispatch_depth: Callable[[], int] = torch._C._len_torch_dispatch_stack
+# `torch.set_default_device`'s mode. Newer releases keep it at the bottom of the stack themselves
+# (and require it there); torch 2.4 pushes and pops it like any mode, so there it must stay on
+# top of the recorder's mode, or changing the default device in a block pops ours instead.
+DEVICE_CONTEXT_AT_BOTTOM = hasattr(DeviceContext("cpu"), "prev_mode")
 
 # --- Tensors: version counter, views, reference counts ---
 # The version counter autograd compares saved tensors against (`Tensor._version`).
@@ -147,6 +151,11 @@ _top_saved_hooks: Callable[[bool], Any] | None = getattr(
     torch._C._autograd, "_top_saved_tensors_default_hooks", None
 )
 HAS_TOP_SAVED_HOOKS = _top_saved_hooks is not None
+
+
+# Whether the hooks that packed a saved tensor can be told (from the SavedTensor, or from the
+# stack's top when its node is made): not on torch 2.4.
+TELLS_WHO_PACKED = HAS_SAVED_UNPACK_HOOK or HAS_TOP_SAVED_HOOKS
 
 
 def top_saved_hooks(ignore_is_tracing: bool = True) -> Any:
