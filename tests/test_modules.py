@@ -381,3 +381,20 @@ def test_modules_made_in_every_step_are_not_kept_and_not_scanned(gc_disabled):
         "model.2": 500,
         "CrossEntropyLoss": 500,
     }
+
+
+def test_the_module_table_says_what_each_column_counts():
+    # GIVEN a module called in a 5-step loop
+    from autograd_magic.views.module_table import module_table
+
+    model = torch.nn.Linear(4, 4)
+    with am.track() as trace:
+        for _ in range(5):
+            model(torch.ones(2, 4)).sum().backward()
+    table = module_table(trace)
+    # THEN the saved column names itself a sum over calls, the peak a moment (issue 36, item 2)
+    saved, peak = table.headers.index("saved, all calls"), table.headers.index("peak held at once")
+    (row,) = table.rows
+    assert row[table.headers.index("calls")] == "5"
+    assert row[saved] != row[peak]
+    assert "add up every call" in table.note

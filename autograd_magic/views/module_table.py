@@ -118,11 +118,26 @@ def module_table(trace: Trace, limit: int = MAX_TABLE_ROWS) -> Table:
 
     for root in roots:
         add(root, 0)
-    note = ""
+    note = COUNTS_NOTE
     if len(rows) > limit:
-        note = f"Showing {limit} of {len(rows):,} modules."
-    headers = ("module", "type", "share", "saved", "own ops", "peak held", "calls", "nodes")
-    return Table("Memory by module", headers, tuple(rows[:limit]), note)
+        note = f"Showing {limit} of {len(rows):,} modules. {note}"
+    return Table("Memory by module", HEADERS, tuple(rows[:limit]), note)
+
+
+HEADERS = (
+    "module",
+    "type",
+    "share",
+    "saved, all calls",
+    "own ops, all calls",
+    "peak held at once",
+    "calls",
+    "nodes",
+)
+COUNTS_NOTE = (
+    "Saved bytes add up every call of a module (a loop of 20 steps counts 20 forward passes); "
+    "peak held is the most its saved tensors held at one moment."
+)
 
 
 def _numbers(m: ModuleStats, whole: int) -> tuple[str, ...]:
