@@ -268,18 +268,18 @@ static PyObject *SiteCache_here(SiteCache *self, PyObject *const *args, Py_ssize
     }
     /* No Python frame for this call: the current frame is `here`'s caller, so `skip` more
      * steps reach `sys._getframe(skip + 1)` as seen from a Python `here`. */
+    /* Fewer frames than `skip` (a hook on a thread with no Python caller: TorchScript's fork
+     * workers, autograd's device threads): the unknown site, as the Python `here` gives. */
     PyFrameObject *frame = PyEval_GetFrame();
     if (frame == NULL) {
-        PyErr_SetString(PyExc_ValueError, "call stack is not deep enough");
-        return NULL;
+        return Py_NewRef(self->unknown);
     }
     Py_INCREF(frame);
     for (long i = 0; i < skip; i++) {
         PyFrameObject *back = PyFrame_GetBack(frame);
         Py_DECREF(frame);
         if (back == NULL) {
-            PyErr_SetString(PyExc_ValueError, "call stack is not deep enough");
-            return NULL;
+            return Py_NewRef(self->unknown);
         }
         frame = back;
     }

@@ -1189,3 +1189,40 @@ def test_a_profiler_counts_the_same_ops_tracked():
     untracked = _profiled_op_counts(tracked=False)
     assert untracked["aten::exp"] == 1
     assert _profiled_op_counts(tracked=True) == untracked
+
+
+_FORK_JOIN = """
+import sys, torch, autograd_magic as am
+
+@torch.jit.script
+def branch(middle, orig_x):
+    y = middle + middle**2
+    return torch.autograd.grad([y.sum()], [orig_x], retain_graph=True)
+
+@torch.jit.script
+def fork_join(x):
+    y = (x + 3) * (x + 4) * 0.5
+    future = torch.jit._fork(branch, y, x)
+    here = branch(y, x)
+    return torch.jit._wait(future), here
+
+def run():
+    try:
+        return str(fork_join(torch.ones(2, requires_grad=True))[0][0].tolist())
+    except RuntimeError as error:
+        return f"RuntimeError {str(error).splitlines()[-1:]!r}"
+
+print(run())
+with am.track():
+    print(run())
+"""
+
+
+def test_a_tensor_saved_on_a_thread_with_no_python_caller_is_recorded(tmp_path):
+    """A TorchScript fork saves tensors on a JIT worker thread: the pack hook has no Python
+    frame above it (was: ValueError 'call stack is not deep enough', which the JIT reported as
+    an empty RuntimeError). From PyTorch's test_fork_join_in_middle; issue 31's suites."""
+    script = tmp_path / "fork_join.py"  # TorchScript reads the functions' source
+    script.write_text(_FORK_JOIN)
+    done = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300)
+    assert done.stdout.splitlines() == ["[94.5, 94.5]"] * 2, done.stdout + done.stderr

@@ -88,8 +88,13 @@ class SiteFinder:
             self._native.home_code = code
 
     def here(self, skip: int = 1) -> Site:
-        """The site of the calling event, looked up `skip` frames above this call."""
-        frame: FrameType | None = sys._getframe(skip + 1)
+        """The site of the calling event, looked up `skip` frames above this call; UNKNOWN_SITE
+        where there are not that many (a hook run on a thread with no Python caller, as
+        TorchScript's fork workers and autograd's device threads are)."""
+        try:
+            frame: FrameType | None = sys._getframe(skip + 1)
+        except ValueError:
+            return UNKNOWN_SITE
         library = self._library
         while frame is not None:
             filename = frame.f_code.co_filename
