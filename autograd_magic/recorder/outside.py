@@ -170,6 +170,8 @@ def _held_outside(
         return "elsewhere"
     # Python references: `held`, `tensor` here, getrefcount's argument, each packed object,
     # and the C++ side's own reference to the Python object while it holds the tensor too.
-    if sys.getrefcount(tensor) - 3 - packs - (1 if uses > 1 else 0) > 0:
+    # (Releases before 2.9 keep the Python object alive by other means: no such reference.)
+    cpp_ref = 1 if uses > 1 and torch_api.CPP_HOLDERS_REFERENCE_THE_PYTHON_OBJECT else 0
+    if sys.getrefcount(tensor) - 3 - packs - cpp_ref > 0:
         return "user tensor" if packs or slots else "live tensor"
     return ""

@@ -16,6 +16,7 @@ Nothing here may raise in the middle of the user's code.
 from __future__ import annotations
 
 import operator
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -71,6 +72,21 @@ _storage_use_count: Callable[[int], int] | None = getattr(torch._C, "_storage_Us
 def storage_use_count(storage: Any) -> int | None:
     """References to an `untyped_storage()`'s StorageImpl, or None where this torch cannot tell."""
     return None if _storage_use_count is None else _storage_use_count(storage._cdata)
+
+
+def _cpp_holders_reference_the_python_object() -> bool:
+    """Whether a C++ reference to a TensorImpl that has a Python object also holds a reference
+    to that object (newer releases), or the object is kept alive otherwise (2.8 and before)."""
+    try:
+        tensor = torch.empty(0)
+        before = sys.getrefcount(tensor)
+        held = torch._C.ScriptList([tensor])
+        return sys.getrefcount(tensor) > before and len(held) == 1
+    except Exception:
+        return True
+
+
+CPP_HOLDERS_REFERENCE_THE_PYTHON_OBJECT = _cpp_holders_reference_the_python_object()
 
 
 # --- Autograd nodes ---

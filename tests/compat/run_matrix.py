@@ -55,6 +55,7 @@ DEPENDENCIES = [
     "ipykernel>=6",
     "expecttest",
     "setuptools>=64",
+    "nbconvert",  # tests/test_examples.py runs the README's `jupyter nbconvert --execute`
     "wheel",
 ]
 # Test paths not run in a cell, and why.
@@ -105,21 +106,22 @@ def main() -> int:
 
 
 def build_venv(venv: Path, python: str, torch_version: str) -> None:
-    """A venv with pyenv's `python` and `torch==torch_version` (skipped when it has them)."""
+    """A venv with pyenv's `python`, `torch==torch_version` and DEPENDENCIES (a venv that has
+    that torch already only gets what it misses)."""
+    # The machine's pip constraint caps torch below the newest release; a matrix venv lifts it.
+    env = dict(os.environ, PIP_CONSTRAINT="/dev/null", PIP_NO_CACHE_DIR="1")
+    pip = [venv / "bin" / "python", "-m", "pip", "install", "-q"]
     check = "import sys, torch; sys.exit(torch.__version__.split('+')[0] != sys.argv[1])"
     if (venv / "bin" / "python").exists() and _ok(
         [venv / "bin" / "python", "-c", check, torch_version]
     ):
+        subprocess.run([*pip, *DEPENDENCIES], check=True, env=env)
         return
     shutil.rmtree(venv, ignore_errors=True)
     versions = sorted(os.listdir(Path.home() / ".pyenv" / "versions"))
     full = next(v for v in versions if v.startswith(python + "."))
-    env = dict(os.environ, PYENV_VERSION=full)
     shim = Path.home() / ".pyenv" / "shims" / f"python{python}"
-    subprocess.run([shim, "-m", "venv", venv], check=True, env=env)
-    # The machine's pip constraint caps torch below the newest release; a matrix venv lifts it.
-    env = dict(os.environ, PIP_CONSTRAINT="/dev/null", PIP_NO_CACHE_DIR="1")
-    pip = [venv / "bin" / "python", "-m", "pip", "install", "-q"]
+    subprocess.run([shim, "-m", "venv", venv], check=True, env=dict(os.environ, PYENV_VERSION=full))
     subprocess.run([*pip, "--upgrade", "pip"], check=True, env=env)
     subprocess.run([*pip, f"torch=={torch_version}"], check=True, env=env)
     subprocess.run([*pip, *DEPENDENCIES], check=True, env=env)
@@ -146,6 +148,17 @@ def run_cell(venv: Path, ref: str, parts: list[str]) -> dict:
             check=True,
             env=dict(os.environ, PIP_CONSTRAINT="/dev/null", PIP_NO_CACHE_DIR="1"),
         )
+        # What the install left in the copy (`build/`, with the compiled recorder) would be
+        # reused by the tests that install the package again; the copy gets the installed
+        # package's compiled recorder instead, for the tests that run it from the copy (the
+        # command line's subprocesses, with the copy's root first on their path).
+        shutil.rmtree(src / "build", ignore_errors=True)
+        for info in src.glob("*.egg-info"):
+            shutil.rmtree(info)
+        where = "import autograd_magic, os; print(os.path.dirname(autograd_magic.__file__))"
+        installed = Path(_output([python, "-c", where], cwd=tmp))
+        for compiled in installed.glob("_native*.so"):
+            shutil.copy(compiled, src / "autograd_magic")
         ignore = [f"--ignore={path}" for path in IGNORED]
         if "fast" in parts:
             fast = ["-m", "not slow", *ignore, "--ignore=tests/test_differential.py"]
@@ -266,8 +279,9 @@ def _ok(command: list) -> bool:
     return subprocess.run(command, capture_output=True).returncode == 0
 
 
-def _output(command: list) -> str:
-    return subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+def _output(command: list, cwd: str | None = None) -> str:
+    run = subprocess.run(command, capture_output=True, text=True, check=True, cwd=cwd)
+    return run.stdout.strip()
 
 
 def _today() -> str:
