@@ -65,13 +65,17 @@ def skip_if_loaded(code: CodeType) -> None:
         torch_api.dynamo_skip_code(code)
 
 
-def keep_out(with_originals: Callable[[Callable[[], None]], None]) -> None:
+def keep_out(
+    with_originals: Callable[[Callable[[], None]], None], just_imported: bool = False
+) -> None:
     """Mark the code of every loaded module of the package and have Dynamo resolve torch's
     functions (run by `with_originals`, which puts torch's originals back meanwhile); with
-    Dynamo not loaded yet, watch for its import instead (until `stop_watching`)."""
+    Dynamo not loaded yet, watch for its import instead (until `stop_watching`).
+    `just_imported`: called by the watcher right after Dynamo's module ran on this thread
+    (its import is not marked as ended until the watcher returns)."""
     global _modules_seen, _with_originals
     _with_originals = with_originals
-    if not dynamo_loaded():
+    if not (just_imported or dynamo_loaded()):
         if not any(type(finder) is _DynamoImportWatcher for finder in sys.meta_path):
             sys.meta_path.insert(0, _DynamoImportWatcher())
         return
@@ -157,4 +161,4 @@ class _MarkAfterLoading(importlib.abc.Loader):
         self._loader.exec_module(module)
         stop_watching()
         if _with_originals is not None:
-            keep_out(_with_originals)
+            keep_out(_with_originals, just_imported=True)
