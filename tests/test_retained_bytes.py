@@ -93,3 +93,18 @@ def test_backward_calls_free_what_was_retained(gc_disabled):
     assert len(set(freed)) == 1 and freed[0] > 0
     assert sum(freed) == trace.peak_retained_bytes
     assert trace.retained_bytes == 0
+
+
+def test_retained_bytes_read_inside_a_block_is_exact_at_that_moment(gc_disabled):
+    """GIVEN saved tensors some of which the code still holds WHEN `trace.retained_bytes` (and
+    `snapshot()`) is read inside the block THEN it counts only what the graph alone holds, as
+    the end state does (was: an input the code holds counted until the next refresh, backward
+    or the block's end; issue 36, item 3)."""
+    with am.track() as trace:
+        x = torch.randn(64, 32)  # the code holds it: not the graph's alone
+        w = torch.randn(32, 32, requires_grad=True)
+        y = (x @ w).tanh().sum()  # saves x, w and tanh's output (the graph's alone)
+        inside = trace.retained_bytes
+        inside_snapshot = trace.snapshot().retained_bytes
+    assert inside == inside_snapshot == trace.retained_bytes == 64 * 32 * 4
+    del x, w, y

@@ -10,7 +10,7 @@ that needs them several times computes them once (see `autograd_magic.views.repo
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from autograd_magic.model.export import to_networkx, trace_fields, trace_to_json
@@ -73,7 +73,11 @@ class Trace:
         self.error_site: Site | None = None
         self.seq = 0
         self.live_nodes = 0
-        self.retained_bytes = 0
+        # Retained bytes as the recorder last counted them; `retained_bytes` gives them exact.
+        self.counted_retained_bytes = 0
+        # Set by the recorder while its block runs: reads who holds saved memory, so that a
+        # read of `retained_bytes` inside the block is exact (does nothing when nothing changed).
+        self.read_holders: Callable[[], None] | None = None
         self.peak_live_nodes = 0
         self.peak_retained_bytes = 0
         self.nodes_created = 0
@@ -104,6 +108,19 @@ class Trace:
         return trace
 
     # ----- reading -------------------------------------------------------------------------
+    @property
+    def retained_bytes(self) -> int:
+        """Bytes only the graphs hold now (what their death would give back). Inside a block
+        who holds each saved storage is read first, so the number is exact when it is read."""
+        read = self.read_holders
+        if read is not None:
+            read()
+        return self.counted_retained_bytes
+
+    @retained_bytes.setter
+    def retained_bytes(self, value: int) -> None:
+        self.counted_retained_bytes = value
+
     def snapshot(self) -> Snapshot:
         """Counters now and their peaks over the block."""
         return Snapshot(
@@ -137,7 +154,7 @@ class Trace:
 
     def to_json(self) -> str:
         """A complete, versioned JSON export (see `Trace.from_json`)."""
-        return trace_to_json(vars(self))
+        return trace_to_json({**vars(self), "retained_bytes": self.retained_bytes})
 
     @classmethod
     def from_json(cls, text: str) -> Trace:

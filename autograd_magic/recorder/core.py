@@ -127,6 +127,7 @@ class Recorder(
             # Raised here (a KeyboardInterrupt included) `with` never calls __exit__.
             self._remove_all()
             raise
+        self.trace.read_holders = _holder_reader(weakref.ref(self))
         return self.trace
 
     def _install(self) -> None:
@@ -242,6 +243,7 @@ class Recorder(
         # `_remove_all` inlined: a KeyboardInterrupt checked on entering a call would escape.
         # Bounded: a removal failing the same way each time must not keep the block (and Stop)
         # from ending.
+        self.trace.read_holders = None
         interrupted: BaseException | None = None
         failed: BaseException | None = None
         for _ in range(REMOVAL_TRIES):
@@ -483,3 +485,18 @@ _LOCALS_MESSAGE = (
     "This Python version's function locals cannot be read without changing them: tensors held "
     "only by local variables are not named."
 )
+
+
+def _holder_reader(recorder_ref: weakref.ref[Recorder]) -> Callable[[], None]:
+    """What the trace calls when the user reads `retained_bytes` inside the block: a read of who
+    holds saved memory, on the block's thread and outside the recorder's own code (the code may
+    have dropped a tensor since the last read: no event says so). Weak: the trace never keeps
+    the recorder."""
+
+    def read() -> None:
+        recorder = recorder_ref()
+        if recorder is None or recorder._busy or threading.get_ident() != recorder._thread:
+            return
+        recorder.read_holders()
+
+    return read

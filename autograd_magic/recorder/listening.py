@@ -52,7 +52,12 @@ class ListenerCalling:
             if read is not None:
                 read()
             self.flush()
-            listener(trace)
+            # Read just now: the view's own reads of `retained_bytes` need not read again.
+            reader, trace.read_holders = trace.read_holders, None
+            try:
+                listener(trace)
+            finally:
+                trace.read_holders = reader
         except Exception:  # a broken view must not break the user's code
             self.listener = None
         # Counted from the end of this update, so updates are at least `interval` apart however

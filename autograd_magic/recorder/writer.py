@@ -153,7 +153,7 @@ class TraceWriter(EndStateWriting, ListenerCalling):
         if line == self._last_line and self._last_what == NODES_CREATED:  # `sample`'s run, inline
             self._run_seq = seq
             self._run_live = live
-            self._run_bytes = trace.retained_bytes
+            self._run_bytes = trace.counted_retained_bytes
             self._run_open = True
         else:
             self.sample(NODES_CREATED, site)
@@ -181,7 +181,7 @@ class TraceWriter(EndStateWriting, ListenerCalling):
         if line == self._last_line and self._last_what == NODE_FREED:
             self._run_seq = seq
             self._run_live = live
-            self._run_bytes = trace.retained_bytes
+            self._run_bytes = trace.counted_retained_bytes
             self._run_open = True
         else:
             self.sample(NODE_FREED, site)
@@ -201,9 +201,9 @@ class TraceWriter(EndStateWriting, ListenerCalling):
             if held_by:
                 self.held_by[storage_key] = held_by
             else:
-                trace.retained_bytes += buffer.storage_nbytes
-                if trace.retained_bytes > trace.peak_retained_bytes:
-                    trace.peak_retained_bytes = trace.retained_bytes
+                trace.counted_retained_bytes += buffer.storage_nbytes
+                if trace.counted_retained_bytes > trace.peak_retained_bytes:
+                    trace.peak_retained_bytes = trace.counted_retained_bytes
                     self._segment_peak_seq = trace.seq
         else:
             counts[storage_key] = count + 1
@@ -246,7 +246,7 @@ class TraceWriter(EndStateWriting, ListenerCalling):
             nbytes = self._storage_bytes.pop(storage_key)
             self.new_storages.pop(storage_key, None)
             if self.held_by.pop(storage_key, None) is None:
-                trace.retained_bytes -= nbytes
+                trace.counted_retained_bytes -= nbytes
                 if call is not None:
                     call.released_bytes += nbytes
         elif count is not None:
@@ -282,7 +282,7 @@ class TraceWriter(EndStateWriting, ListenerCalling):
                 if record is not None:
                     record.held_by = held_by
             delta = (0 if held_by else nbytes) - (0 if old else nbytes)
-            trace.retained_bytes += delta
+            trace.counted_retained_bytes += delta
             first = self.new_storages.get(key)
             if delta and first is not None:
                 deltas.append((first, delta))
@@ -296,7 +296,7 @@ class TraceWriter(EndStateWriting, ListenerCalling):
             # No sample to correct: those since the last read are all under the running peak,
             # which rose only past the corrected one since.
             peak = trace.peak_retained_bytes
-        peak = max(peak, trace.retained_bytes)
+        peak = max(peak, trace.counted_retained_bytes)
         trace.peak_retained_bytes = self._peak_at_read = max(self._peak_at_read, peak)
         self.new_storages.clear()
         self.read_seq = trace.seq
@@ -378,7 +378,7 @@ class TraceWriter(EndStateWriting, ListenerCalling):
         if not force and what == self._last_what and line == self._last_line:
             self._run_seq = trace.seq
             self._run_live = trace.live_nodes
-            self._run_bytes = trace.retained_bytes
+            self._run_bytes = trace.counted_retained_bytes
             self._run_open = True
             return
         if not force and trace.seq % self._timeline_stride:
@@ -387,7 +387,7 @@ class TraceWriter(EndStateWriting, ListenerCalling):
             self.flush()
         timeline = trace.timeline
         sample = _new_sample(
-            _SAMPLE, (trace.seq, trace.live_nodes, trace.retained_bytes, what, line)
+            _SAMPLE, (trace.seq, trace.live_nodes, trace.counted_retained_bytes, what, line)
         )
         if self.untrack is not None:
             self.untrack(sample)
