@@ -365,3 +365,17 @@ def test_a_quoted_line_leaves_out_its_comment():
     assert "(`loss.backward(retain_graph=True)`)" in retained.message
     assert "keep" not in retained.message
     del losses, loss
+
+
+def test_a_fused_ops_saved_tensor_says_what_the_op_computes():
+    # GIVEN an LSTM step, whose saved tensors belong to one fused node
+    lstm = torch.nn.LSTM(4, 8)
+    with autograd_magic.track() as trace:
+        out, _ = lstm(torch.ones(3, 1, 4))
+        loss = out.sum()
+    from autograd_magic.views.text import buffer_table
+
+    names = {row[2] for row in buffer_table(trace).rows}
+    # THEN the Buffers tab names it by what it is, not only by the kernel's name (issue 36, 7)
+    assert any(n.startswith("saved by the LSTM/GRU layer (") for n in names), names
+    del loss

@@ -234,12 +234,37 @@ def _node_name(nodes: Mapping[int, NodeRecord], node_id: int | None) -> str:
 
 
 def _saved_by(nodes: Mapping[int, NodeRecord], node_id: int | None) -> str:
-    """A readable label for a saved tensor no user variable names: `saved by addmm`."""
+    """A readable label for a saved tensor no user variable names: `saved by addmm`, `saved by
+    the LSTM/GRU layer (mkldnnrnnlayer)` for a fused op whose name says little."""
     node = None if node_id is None else nodes.get(node_id)
     if node is None:
         return "saved tensor"
     op = node.name.removesuffix("Backward0").removesuffix("Backward1").removesuffix("Backward")
+    words = FUSED_OP_WORDS.get(node.name)
+    if words is not None:
+        return f"saved by {words} ({op.lower()})"
     return f"saved by {op.lower() or node.name}"
+
+
+# Fused kernels' nodes, whose names say little to a user, by what they compute.
+FUSED_OP_WORDS = {
+    "MkldnnRnnLayerBackward0": "the LSTM/GRU layer",
+    "CudnnRnnBackward0": "the LSTM/GRU layer",
+    "MiopenRnnBackward0": "the LSTM/GRU layer",
+    "ThnnFusedLstmCellBackward0": "the LSTM cell",
+    "ThnnFusedGruCellBackward0": "the GRU cell",
+    "NativeLayerNormBackward0": "layer norm",
+    "NativeBatchNormBackward0": "batch norm",
+    "CudnnBatchNormBackward0": "batch norm",
+    "NativeGroupNormBackward0": "group norm",
+    "ConvolutionBackward0": "the convolution",
+    "ScaledDotProductFlashAttentionForCpuBackward0": "attention",
+    "ScaledDotProductFlashAttentionBackward0": "attention",
+    "ScaledDotProductEfficientAttentionBackward0": "attention",
+    "ScaledDotProductCudnnAttentionBackward0": "attention",
+    "EmbeddingBackward0": "the embedding",
+    "EmbeddingDenseBackward0": "the embedding",
+}
 
 
 # The Buffers table's "kind": what a saved tensor is when graphs alone hold its memory, else
