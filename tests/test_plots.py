@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import inspect
 import io
+import itertools
 import re
 import time
 
@@ -273,3 +274,38 @@ def test_a_graph_kept_after_backward_is_drawn_alive_with_its_saved_tensors_relea
     assert exp_boxes and all(colours[i] == plots.RELEASED for i in exp_boxes)
     legend = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
     assert "alive, holds none (released or never saved)" in legend
+
+
+def _labels_of(fig: Figure) -> list:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    return [
+        (t.get_text(), t.get_window_extent(renderer))
+        for ax in fig.axes
+        for t in ax.texts
+        if t.get_text()
+    ]
+
+
+def test_the_timeline_labels_of_a_cell_that_raises_neither_overlap_nor_leave_the_picture():
+    # GIVEN a block whose last events are a graph freed, a backward and the error, all at the end
+    with pytest.raises(RuntimeError), autograd_magic.track() as trace:
+        x = torch.ones(3, requires_grad=True)
+        for _ in range(60):
+            loss = (x * 2).exp().sum()  # each rebinding frees the last graph
+        for _ in range(2):
+            loss.backward()  # the second raises on this line: the first freed the graph
+    # WHEN the finished timeline is drawn
+    fig = plots.timeline_figure(trace)
+    labels = _labels_of(fig)
+    texts = [text for text, _ in labels]
+    # THEN its labels (issue 36, item 5: "freed L9", "backward L11", "error L11") are all there,
+    assert any(t.startswith("error L") for t in texts) and any("backward L" in t for t in texts)
+    # inside the picture, and no two of them overlap
+    width, height = fig.bbox.width, fig.bbox.height
+    for text, box in labels:
+        assert box.x0 >= 0 and box.x1 <= width and box.y0 >= 0 and box.y1 <= height, text
+    for (a, box_a), (b, box_b) in itertools.combinations(labels, 2):
+        assert not box_a.overlaps(box_b), (a, b)

@@ -169,7 +169,7 @@ def timeline_figure(
             loc="left",
         )
     xs = dict(zip((s.seq for s in samples), x.tolist(), strict=True))
-    _mark_backward(ax, trace, seqs, x)
+    labels = _mark_backward(ax, trace, seqs, x)
     if not envelope:
         _mark_drops(ax, samples, xs)
     if trace.error:
@@ -180,7 +180,8 @@ def timeline_figure(
         )
         for axis in (ax, ax2):
             axis.axvline(x[-1], color=ERROR_COLOR, ls="--", lw=1.2)
-        _vlabel(ax, x[-1], f"error L{line}", ERROR_COLOR)
+        labels.append((float(x[-1]), f"error L{line}", ERROR_COLOR))
+    _place_vlabels(ax, labels)
     return fig
 
 
@@ -220,26 +221,56 @@ def byte_tick_step(top: int, most_ticks: int = 6) -> int:
     return unit * 1024
 
 
-def _vlabel(ax: Any, x: float, text: str, colour: str) -> None:
-    ax.annotate(
-        text,
-        (x, 1.0),
-        xycoords=("data", "axes fraction"),
-        xytext=(2, -2),
-        textcoords="offset points",
-        rotation=90,
-        va="top",
-        fontsize=7,
-        color=colour,
-    )
+VLabel = tuple[float, str, str]  # x in data units, text, colour
+_VLABEL_POINTS = 9.0  # the width of a 7-point label turned upright, with a little air
 
 
-def _mark_backward(ax: Any, trace: Trace, seqs: numpy.ndarray, x: numpy.ndarray) -> None:
-    """Shade each backward call when there are few (a step axis already shows many); label at
-    most 12, first occurrence of each line first."""
-    calls = trace.backward_calls
-    if len(calls) > 30:
+def _place_vlabels(ax: Any, labels: list[VLabel]) -> None:
+    """Upright labels along the top of `ax`, each just right of its line. One that would touch
+    the label before it moves right, and a run that would leave the plot at the right edge
+    moves left of its lines instead; the same text at the same place is drawn once."""
+    if not labels:
         return
+    ax.get_xlim()  # settles the limits the positions below are computed from
+    points = ax.figure.dpi / 72
+    step = _VLABEL_POINTS * points
+    line_px = [float(ax.transData.transform((x, 0))[0]) for x, _, _ in labels]
+    order = sorted(range(len(labels)), key=lambda i: line_px[i])
+    kept: list[int] = []
+    for i in order:
+        if kept and labels[kept[-1]][1] == labels[i][1] and line_px[i] - line_px[kept[-1]] < step:
+            continue  # the same label again, on the same spot
+        kept.append(i)
+    left = []
+    for i in kept:
+        at = line_px[i] + 2 * points
+        left.append(at if not left else max(at, left[-1] + step))
+    right_edge = ax.bbox.x1 - step
+    for k in range(len(left) - 1, -1, -1):
+        limit = right_edge if k == len(left) - 1 else left[k + 1] - step
+        left[k] = min(left[k], limit)
+    for i, at in zip(kept, left, strict=True):
+        x, text, colour = labels[i]
+        ax.annotate(
+            text,
+            (x, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=((at - line_px[i]) / points, -2),
+            textcoords="offset points",
+            rotation=90,
+            va="top",
+            fontsize=7,
+            color=colour,
+        )
+
+
+def _mark_backward(ax: Any, trace: Trace, seqs: numpy.ndarray, x: numpy.ndarray) -> list[VLabel]:
+    """Shade each backward call when there are few (a step axis already shows many); their
+    labels, at most 12, first occurrence of each line first."""
+    calls = trace.backward_calls
+    labels: list[VLabel] = []
+    if len(calls) > 30:
+        return labels
     seen: set[int] = set()
     labelled = 0
     for call in calls:
@@ -254,9 +285,10 @@ def _mark_backward(ax: Any, trace: Trace, seqs: numpy.ndarray, x: numpy.ndarray)
         )
         line = call.site.outer_line or call.line
         if labelled < 12 and (line not in seen or len(calls) <= 12):
-            _vlabel(ax, first, f"backward L{line}", BACKWARD_COLOR)
+            labels.append((float(first), f"backward L{line}", BACKWARD_COLOR))
             labelled += 1
         seen.add(line)
+    return labels
 
 
 def _mark_drops(ax: Any, samples: list, xs: dict[int, float]) -> None:
