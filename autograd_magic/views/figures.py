@@ -241,7 +241,7 @@ def _place_vlabels(ax: Any, labels: list[VLabel]) -> None:
         if kept and labels[kept[-1]][1] == labels[i][1] and line_px[i] - line_px[kept[-1]] < step:
             continue  # the same label again, on the same spot
         kept.append(i)
-    left = []
+    left: list[float] = []
     for i in kept:
         at = line_px[i] + 2 * points
         left.append(at if not left else max(at, left[-1] + step))
