@@ -140,7 +140,10 @@ def test_live_timeline_is_a_fast_sparkline_with_its_scales_in_words(mlp_loop):
     assert elapsed < 0.2  # ~10 ms measured
     picture = Image.open(io.BytesIO(png))
     assert picture.mode == "RGBA" and picture.getpixel((400, 66))[3] == 0
-    assert "Live: autograd nodes alive (blue, top: 0 to 20 peak)" in note
+    assert (
+        "Live, drawn after 1,000 backward calls: autograd nodes alive (blue, top: 0 to 20 peak)"
+        in note
+    )
     assert "0 B to 1.0 KiB peak) over 1,000 steps (backward calls) so far" in note
     # AND the finished panel shows the full figure with no live note
     assert TracePanel(mlp_loop).timeline_note.value == ""
@@ -243,3 +246,23 @@ def test_memory_stays_flat_once_every_record_cap_is_reached():
     assert [len(records) for records in caps] == [300] * 5
     assert trace.dropped_nodes > 0 and trace.dropped_buffers > 0 and trace.dropped_events > 0
     assert later - at_caps < 100_000, later - at_caps
+
+
+def test_the_live_backward_calls_keep_up_with_the_numbers():
+    """GIVEN a live panel whose timeline was drawn WHEN more backward calls are made and only the
+    numbers are refreshed (the picture waits for its share of the budget) THEN the backward-call
+    list already counts them, and the picture's note says when it was drawn (issue 36, item 6:
+    '3 backward calls' in the numbers above a note and list saying 2)."""
+    x = torch.ones(3, requires_grad=True)
+    recorder = autograd_magic.track()
+    panel = TracePanel(recorder.trace)
+    with recorder as trace:
+        for step in range(3):
+            (x * 2).exp().sum().backward()
+            if step == 1:
+                panel._render(final=False, timeline=True)
+        panel._render(final=False, timeline=False)
+        calls, note = panel.calls.value, panel.timeline_note.value
+    assert "3 backward() calls" in calls, calls
+    assert "drawn after 2 backward calls" in note, note
+    del trace

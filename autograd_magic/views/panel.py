@@ -167,8 +167,10 @@ class TracePanel:
                 self._timeline_cost = min(cost, self._timeline_cost) if self._drawn else cost
                 self._drawn = True
             changes.append((self.timeline_image, "value", self._timeline_png))
-            calls = sentences_html(backward_sentences(trace), "Backward calls")
-            changes.append((self.calls, "value", calls))
+        # With the numbers, not the picture: a count above must not run ahead of the list.
+        changes.append(
+            (self.calls, "value", sentences_html(backward_sentences(trace), "Backward calls"))
+        )
         if final:
             changes.extend(self._final_changes())
         self._apply(changes)
@@ -382,8 +384,11 @@ def live_timeline_note(trace: Trace) -> str:
         if done >= MIN_STEPS
         else "over recorded events"
     )
+    # The picture is redrawn less often than the numbers above it: say when it was drawn.
+    when = f"drawn after {done:,} backward call{'s' if done != 1 else ''}"
     return (
-        f"Live: autograd nodes alive (blue, top: 0 to {s.peak_live_nodes:,} peak) and retained "
+        f"Live, {when}: autograd nodes alive (blue, top: 0 to {s.peak_live_nodes:,} peak) and "
+        "retained "
         f"saved tensors (orange, bottom: 0 B to {format_bytes(s.peak_retained_bytes)} peak) "
         f"{over}; shading spans the lowest to highest value in each pixel column. The timeline "
         "with axes and line labels appears when the cell ends."
