@@ -26,6 +26,11 @@ def top_modules(trace: Trace, count: int = 3) -> list[tuple[str, float]]:
     """The repeated structures whose own ops saved the most, with their share of all the bytes
     saved inside modules: [('encoder.layers.*.self_attn', 0.45), ...]; a module that also has
     submodules is named with ' (own ops)'."""
+    return [(name, share) for name, share, _ in _top_groups(trace, count)]
+
+
+def _top_groups(trace: Trace, count: int) -> list[tuple[str, float, int]]:
+    """`top_modules` with how many modules each entry adds up."""
     stats = trace.modules()
     total = sum(m.self_saved_bytes for m in stats)
     if total <= 0:
@@ -43,15 +48,17 @@ def top_modules(trace: Trace, count: int = 3) -> list[tuple[str, float]]:
             groups.update({(m.path, m.type): [m] for m in members})
     parents = {m.path.rpartition(".")[0] for m in stats}
     by_pattern: dict[str, int] = {}
+    modules: dict[str, int] = {}
     for (pattern, _), members in groups.items():
         name = pattern if len(members) > 1 else members[0].path
         if members[0].path in parents:
             # Its submodules have their own entries: these are the bytes of its own ops.
             name += " (own ops)"
         by_pattern[name] = by_pattern.get(name, 0) + sum(m.self_saved_bytes for m in members)
+        modules[name] = modules.get(name, 0) + len(members)
     ranked = sorted(by_pattern.items(), key=lambda kv: (-kv[1], kv[0]))[:count]
     # Shares that round to 0% say nothing.
-    return [(path, n / total) for path, n in ranked if n / total >= 0.005]
+    return [(path, n / total, modules[path]) for path, n in ranked if n / total >= 0.005]
 
 
 def _mixed_containers(types: Mapping[str, str]) -> set[str]:
@@ -77,7 +84,11 @@ def top_modules_text(trace: Trace) -> str:
     root's name (`<0>.h.1`), resolved when the block ends."""
     if not trace.finished:
         return ""
-    return ", ".join(f"{path} {share:.0%}" for path, share in top_modules(trace))
+    # A pattern adds up its modules (the table has a row each): say how many.
+    return ", ".join(
+        f"{path} {share:.0%}" + (f" ({n} modules together)" if n > 1 else "")
+        for path, share, n in _top_groups(trace, 3)
+    )
 
 
 def module_table(trace: Trace, limit: int = MAX_TABLE_ROWS) -> Table:
