@@ -205,8 +205,10 @@ def pytest(venv: Path, src: Path, tmp: Path, name: str, args: list[str]) -> dict
             command, cwd=src, capture_output=True, text=True, timeout=SUITE_TIMEOUT_S, env=env
         )
         tail = (run.stdout + run.stderr)[-4000:]
+        returncode: int | None = run.returncode
     except subprocess.TimeoutExpired as timeout:
         tail = f"timed out after {SUITE_TIMEOUT_S} s\n" + str(timeout.stdout or "")[-4000:]
+        returncode = None
     counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
     failures: list[str] = []
     skips: dict[str, int] = {}
@@ -226,7 +228,16 @@ def pytest(venv: Path, src: Path, tmp: Path, name: str, args: list[str]) -> dict
                 counts["failed" if outcome.tag == "failure" else "errors"] += 1
                 message = (outcome.get("message") or "").splitlines()
                 failures.append(f"{nodeid}: {message[0][:300] if message else ''}")
-    return {**counts, "failures": failures, "skips": skips, "tail": tail}
+    # No report: pytest did not reach its end (killed from outside, or crashed).
+    interrupted = not report.exists()
+    return {
+        **counts,
+        "failures": failures,
+        "skips": skips,
+        "tail": tail,
+        "returncode": returncode,
+        "interrupted": interrupted,
+    }
 
 
 def summary_line(result: dict) -> str:
@@ -243,8 +254,13 @@ def _cells(result: dict) -> list[str]:
             cells.append("not run")
             continue
         failed = part["failed"] + part["errors"]
-        timed_out = " (timed out)" if part["tail"].startswith("timed out") else ""
-        cells.append(f"{part['passed']} / {failed} / {part['skipped']}{timed_out}")
+        if part["tail"].startswith("timed out"):
+            cells.append("timed out")
+        elif part.get("interrupted"):
+            code = part.get("returncode")
+            cells.append("interrupted" + ("" if code is None else f" (exit {code})"))
+        else:
+            cells.append(f"{part['passed']} / {failed} / {part['skipped']}")
     smoke = result.get("smoke")
     cells.append("not run" if smoke is None else "passed" if smoke["ok"] else "failed")
     return cells
