@@ -401,3 +401,6 @@ def test_the_module_table_says_what_each_column_counts():
     assert row[table.headers.index("calls")] == "5"
     assert row[saved] != row[peak]
     assert "add up every call" in table.note
+    # AND it says what it leaves out that the Buffers tab lists (`model.0` saved 0 B beside the
+    # Buffers tab's 2 KiB per call of "your tensor")
+    assert "not parameters, nor tensors your code still holds" in table.note

@@ -146,8 +146,9 @@ HEADERS = (
     "nodes",
 )
 COUNTS_NOTE = (
-    "Saved bytes add up every call of a module (a loop of 20 steps counts 20 forward passes); "
-    "peak held is the most its saved tensors held at one moment."
+    "Saved bytes count what only the graphs hold (not parameters, nor tensors your code still "
+    "holds: the Buffers tab lists those too) and add up every call of a module (a loop of 20 "
+    "steps counts 20 forward passes); peak held is the most its saved tensors held at one moment."
 )
 
 
