@@ -40,7 +40,8 @@ torch_dispatch_depth: Callable[[], int] = torch._C._len_torch_dispatch_stack
 # `torch.set_default_device`'s mode. Newer releases keep it at the bottom of the stack themselves
 # (and require it there); torch 2.4 pushes and pops it like any mode, so there it must stay on
 # top of the recorder's mode, or changing the default device in a block pops ours instead.
-DEVICE_CONTEXT_AT_BOTTOM = hasattr(DeviceContext("cpu"), "prev_mode")
+# (Told by what its `__enter__` does: it reorders the stack where it keeps itself at the bottom.)
+DEVICE_CONTEXT_AT_BOTTOM = "_len_torch_function_stack" in DeviceContext.__enter__.__code__.co_names
 
 # --- Tensors: version counter, views, reference counts ---
 # The version counter autograd compares saved tensors against (`Tensor._version`).
