@@ -5,6 +5,7 @@ No timing is asserted: this machine is shared and noisy; the figures live in BEN
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -37,6 +38,9 @@ ROW_KEYS = (
 )
 # The ratio rows that run without a GPU: each gets what the mechanism leaves of its target.
 FLOOR_KEYS = ("1", "2", "3", "4", "9", "10", "10b", "11", "12")
+# Row 11 is a BERT step from Hugging Face transformers (in the test extras; the version matrix's
+# venvs leave it out): without it the row says so and has no floor.
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 
 
 def _run_quick(output: Path) -> subprocess.CompletedProcess[str]:
@@ -80,7 +84,7 @@ def test_quick_suite_reports_every_workload(tmp_path: Path) -> None:
     ):
         assert section in written
     floor_table = written.split("## What the mechanism leaves")[1].split("## What ran")[0]
-    for key in FLOOR_KEYS:
+    for key in FLOOR_KEYS if HAS_TRANSFORMERS else [k for k in FLOOR_KEYS if k != "11"]:
         assert f"\n| {key} | <= " in floor_table, f"no floor for row {key}"
 
 
