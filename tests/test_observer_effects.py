@@ -483,9 +483,24 @@ def _observed(mode_type: type, tracked: bool) -> list[str]:
     return mode.calls
 
 
+def _detach_dispatches_twice() -> bool:
+    """True on releases (torch 2.4 to 2.8) where one `Tensor.detach()` reaches a dispatch mode
+    as two `aten.detach` calls."""
+    x = torch.ones(1, requires_grad=True).exp()
+    with _CountingDispatch() as mode:
+        x.detach()
+    return mode.calls.count("aten.detach.default") == 2
+
+
 @pytest.mark.parametrize("mode_type", [_Counting, _CountingDispatch])
 def test_a_user_mode_around_the_block_sees_only_its_calls(mode_type):
-    assert _observed(mode_type, True) == _observed(mode_type, False)
+    tracked, untracked = _observed(mode_type, True), _observed(mode_type, False)
+    if mode_type is _CountingDispatch and _detach_dispatches_twice():
+        # A known difference (README, Supported versions): with hooks set PyTorch skips its own
+        # detach of a saved output, and the recorder's stands in for it; where one detach
+        # reaches a dispatch mode twice, the user's mode sees one more per saved output (exp's).
+        tracked.remove("aten.detach.default")
+    assert tracked == untracked
 
 
 class _Logged(torch.Tensor):
