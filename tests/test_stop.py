@@ -93,6 +93,9 @@ def _run_tries(tries: int, seed: int) -> list[dict]:
     """Run the child; each try's outcome plus the 'Exception ignored' lines printed during it."""
     command = [sys.executable, "-c", _CHILD, str(tries), str(seed)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=400)
+    if done.returncode == -signal.SIGABRT and _aborts_untracked(tries, seed):
+        # torch 2.8.0 (CPU, this LSTM loop): random SIGINTs corrupt the heap untracked too.
+        pytest.skip(f"torch {torch.__version__} aborts under these interrupts untracked too")
     outcomes = [json.loads(line) for line in done.stdout.splitlines()]
     ignored: dict[int, int] = {}
     current = -1
@@ -105,6 +108,15 @@ def _run_tries(tries: int, seed: int) -> list[dict]:
     for index, outcome in enumerate(outcomes):
         outcome["ignored"] = ignored.get(index, 0)
     return outcomes
+
+
+def _aborts_untracked(tries: int, seed: int) -> bool:
+    """True when the same loop, under the same interrupts with no block, aborts the process."""
+    untracked = _CHILD.replace("am.track(), None, {}", "contextlib.nullcontext(), True, {}")
+    untracked = "import contextlib\n" + untracked.split('    outcome["error"]')[0]
+    command = [sys.executable, "-c", untracked, str(tries), str(seed)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=400)
+    return done.returncode == -signal.SIGABRT
 
 
 def test_sigint_at_any_moment_of_a_tracked_training_loop_stops_it_within_a_second():
