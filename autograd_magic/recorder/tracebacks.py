@@ -107,9 +107,12 @@ _DIRECT_CALL = _direct_call()
 
 def _direct_module_calls(kept: list[TracebackType]) -> list[TracebackType]:
     """Each `_call_impl` entry followed by its `inner` entry, taken only because the recorder's
-    global module hooks were set, becomes the direct call untracked code makes."""
-    if _INNER is None or _DIRECT_CALL is None:
+    global module hooks were set, becomes the direct call untracked code makes (where torch has
+    no `inner`, as 2.4, the hooked branch's call in `_call_impl` itself does)."""
+    if _DIRECT_CALL is None:
         return kept
+    if _INNER is None:
+        return [_as_direct_call(tb) if _hooked_branch(tb) else tb for tb in kept]
     result: list[TracebackType] = []
     skip = False
     for index, tb in enumerate(kept):
@@ -129,6 +132,23 @@ def _direct_module_calls(kept: list[TracebackType]) -> list[TracebackType]:
             skip = True
         result.append(tb)
     return result
+
+
+def _hooked_branch(tb: TracebackType) -> bool:
+    """A `_call_impl` entry on its longer branch only because the recorder's hooks were set."""
+    return (
+        tb.tb_frame.f_code is _CALL_IMPL
+        and _DIRECT_CALL is not None
+        and tb.tb_lineno != _DIRECT_CALL[1]
+        and tb.tb_next is not None
+        and not _hooked(tb.tb_frame.f_locals.get("self"))
+    )
+
+
+def _as_direct_call(tb: TracebackType) -> TracebackType:
+    assert _DIRECT_CALL is not None
+    offset, line = _DIRECT_CALL
+    return TracebackType(None, tb.tb_frame, offset, line)
 
 
 def _hooked(module: Any) -> bool:
