@@ -93,8 +93,9 @@ def _run_tries(tries: int, seed: int) -> list[dict]:
     """Run the child; each try's outcome plus the 'Exception ignored' lines printed during it."""
     command = [sys.executable, "-c", _CHILD, str(tries), str(seed)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=400)
-    if done.returncode == -signal.SIGABRT and _aborts_untracked(tries, seed):
-        # torch 2.8.0 (CPU, this LSTM loop): random SIGINTs corrupt the heap untracked too.
+    if done.returncode == -signal.SIGABRT and any(_aborts_untracked(tries, seed) for _ in range(3)):
+        # torch 2.4.1 and 2.8.0 (this LSTM loop): random SIGINTs corrupt the heap untracked too
+        # (not at every run: the untracked loop gets three).
         pytest.skip(f"torch {torch.__version__} aborts under these interrupts untracked too")
     outcomes = [json.loads(line) for line in done.stdout.splitlines()]
     ignored: dict[int, int] = {}
