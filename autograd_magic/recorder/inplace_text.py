@@ -157,7 +157,7 @@ def _learn() -> tuple[InplaceWording, str]:
         templates.append(_mark(text, "3", _EXPECTED, whole_word=True))
     (body, hint), (leaf_body, leaf_hint) = map(_split_hint, templates)
     anomaly = _message_of(_written_after_saving(leaf=False), anomaly=True)
-    anomaly_hint = anomaly[anomaly.index(".", anomaly.index("expected")) + 1 :]
+    anomaly_hint = _split_hint(_mark(anomaly, "3", _EXPECTED, whole_word=True))[1]
     if hint != leaf_hint or _OUTPUT not in body:
         raise LookupError("the two messages do not share their hint")
     wording = InplaceWording(body, leaf_body, hint, anomaly_hint, full_names)

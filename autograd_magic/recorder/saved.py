@@ -89,10 +89,10 @@ class PackedSaved:
     __slots__ = (
         "__weakref__",
         "buffer_id",
-        "detached",
         "grad_fn_name",
         "had_grad_fn",
         "held_by",
+        "kept",
         "nbytes",
         "output_nr",
         "slot",
@@ -120,7 +120,7 @@ class PackedSaved:
         if keep_original:
             self.slot = SLOTS.hold(tensor)
             # Only where there is no slot table: then the Python object is what we can keep.
-            self.detached = tensor if self.slot < 0 else None
+            self.kept = tensor if self.slot < 0 else None
             # The error message names a kept tensor's producer as it is then (see below).
             self.grad_fn_name = self.output_nr = None
             # A kept non-leaf that loses its grad_fn was detached in place: PyTorch refuses it.
@@ -128,7 +128,7 @@ class PackedSaved:
         else:
             self.slot = -1
             self.had_grad_fn = False
-            self.detached = _unlisted_detach(tensor)
+            self.kept = _unlisted_detach(tensor)
             self.grad_fn_name = None if grad_fn is None else grad_fn.name()
             self.output_nr = tensor.output_nr
         self.held_by = held_by_at_saving(tensor)
@@ -139,7 +139,7 @@ class PackedSaved:
     def tensor(self) -> torch.Tensor:
         """The saved tensor: the user's own object for a kept input, a detached alias else."""
         slot = self.slot
-        return SLOTS.get(slot) if slot >= 0 else self.detached  # type: ignore[return-value]
+        return SLOTS.get(slot) if slot >= 0 else self.kept  # type: ignore[return-value]
 
     @property
     def held_in_slot(self) -> bool:

@@ -58,10 +58,13 @@ def without_comment(line: str) -> str:
     return line
 
 
-def quoted_code(site: Site | None) -> str:
-    """' (`code`)' for a site already described with its function line."""
-    text = source_of(site) if site is not None else ""
-    return f" (`{text}`)" if text else ""
+def quoted_code(site: Site | None, times: int = 1) -> str:
+    """' (`code`)' for a site already described with its function line; with `times` over one,
+    ' (`code`, called 3 times)' (or ' (called 3 times)' when the source is not available)."""
+    parts = [f"`{text}`"] if site is not None and (text := source_of(site)) else []
+    if times > 1:
+        parts.append(f"called {times:,} times")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def quoted_source(site: Site) -> str:
@@ -285,7 +288,7 @@ def _retained(f: Fact) -> str:
         f"{line_list(f.related_lines)}) that no later backward released; they stay in "
         f"memory{keeper}."
     )
-    call_text = f.reference.describe() + _quoted_call(f.reference, times)
+    call_text = f.reference.describe() + quoted_code(f.reference, times)
     if f.cause is not None:
         return (
             f"{because(f.cause)}each backward reaches back into it, which is why "
@@ -297,14 +300,6 @@ def _retained(f: Fact) -> str:
         f"backpropagate once, drop retain_graph=True; for several losses, sum them and "
         f"call backward once."
     )
-
-
-def _quoted_call(site: Site, times: int) -> str:
-    """' (`code`, called 3 times)', ' (`code`)' or ' (called 3 times)'."""
-    parts = [f"`{text}`"] if (text := source_of(site)) else []
-    if times > 1:
-        parts.append(f"called {times:,} times")
-    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _freed_twice(fix: Callable[[Fact], str]) -> Callable[[Fact], str]:
