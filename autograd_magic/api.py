@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from autograd_magic.recorder.core import Recorder, uninstall_this_thread
-from autograd_magic.views.wording import analyze
+from autograd_magic.report.wording import analyze
 
 
 def track(save: str | os.PathLike[str] | None = None, **options: Any) -> Recorder:

@@ -16,7 +16,7 @@ import autograd_magic as am
 from autograd_magic.analysis.findings import KINDS, find_facts
 from autograd_magic.model.records import BackwardCall, Holder, NodeRecord, SavedBuffer, Site
 from autograd_magic.model.units import format_bytes
-from autograd_magic.views.wording import analyze
+from autograd_magic.report.wording import analyze
 
 line_of = marker_lines(__file__)
 

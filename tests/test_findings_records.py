@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from autograd_magic.model.records import BackwardCall, Holder, NodeRecord, SavedBuffer, Site
 from autograd_magic.model.trace import Trace
-from autograd_magic.views.wording import analyze
+from autograd_magic.report.wording import analyze
 
 CELL = "<records-cell>"
 

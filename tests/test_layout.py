@@ -1,4 +1,5 @@
-"""The package layout is the pipeline: model <- recorder, model <- analysis <- views <- top.
+"""The package layout is the pipeline: model <- recorder, model <- analysis <- report <- views <-
+top.
 
 Checked on the source itself (every `import` of an `autograd_magic` module, including imports
 inside functions and under `if TYPE_CHECKING:`, with no exemption), and by importing in a fresh
@@ -21,7 +22,8 @@ ALLOWED = {
     "model": set(),
     "recorder": {"model"},
     "analysis": {"model"},
-    "views": {"model", "analysis"},
+    "report": {"model", "analysis"},
+    "views": {"model", "analysis", "report"},
 }
 
 

@@ -26,7 +26,7 @@ from autograd_magic.views.tables import (
     table_text,
 )
 from autograd_magic.views.versions import label_pattern, versions_table
-from autograd_magic.views.wording import quoted_source
+from autograd_magic.report.wording import quoted_source
 
 
 def summary_items(trace: Trace) -> list[tuple[str, str]]:

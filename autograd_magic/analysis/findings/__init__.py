@@ -2,7 +2,7 @@
 
 Pure functions of a finished `Trace` (records only, no live objects), so they run the same on a
 trace loaded from JSON. The root-cause pass (graph-growth) runs first and its fact is passed to
-the passes whose facts follow from it. `autograd_magic.views.wording` words the facts.
+the passes whose facts follow from it. `autograd_magic.report.wording` words the facts.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`Fact`: one finding as data (what happened, where, how much, what caused it), never words.
 
-The analyses in this package return facts; `autograd_magic.views.wording` turns a fact into the
+The analyses in this package return facts; `autograd_magic.report.wording` turns a fact into the
 `Finding` sentence that the trace stores and every view shows.
 """
 
