@@ -14,6 +14,7 @@ from autograd_magic.analysis.live import NodeGrowth, built_line, node_growth
 from autograd_magic.model.records import BackwardCall, Finding, NodeRecord, SavedBuffer
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import format_bytes, where
+from autograd_magic.report.wording import quoted_source
 from autograd_magic.views.graph_table import graph_table
 from autograd_magic.views.module_table import module_table, top_modules_text
 from autograd_magic.views.tables import (
@@ -26,7 +27,6 @@ from autograd_magic.views.tables import (
     table_text,
 )
 from autograd_magic.views.versions import label_pattern, versions_table
-from autograd_magic.report.wording import quoted_source
 
 
 def summary_items(trace: Trace) -> list[tuple[str, str]]:
