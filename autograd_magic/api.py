@@ -10,19 +10,18 @@ import os
 from typing import Any
 
 from autograd_magic.recorder.core import Recorder, uninstall_this_thread
-from autograd_magic.report.wording import analyze
 
 
 def track(save: str | os.PathLike[str] | None = None, **options: Any) -> Recorder:
     """Record autograd nodes, saved buffers, shared storage and version bumps in a block.
 
     `with autograd_magic.track() as trace:` yields a `Trace`, usable during and after the block;
-    its findings are computed when the block ends. `save="trace.json"` writes the trace when the
-    block ends, also after an exception (`{rank}` and `{pid}` are filled in; a failed write is a
-    warning). Other options: `trace` (a `Trace` to fill), `home_code`, `namespace` (where to look
-    up variable names), `name_budget_s`.
+    its findings are computed from its records when read. `save="trace.json"` writes the trace
+    when the block ends, also after an exception (`{rank}` and `{pid}` are filled in; a failed
+    write is a warning). Other options: `trace` (a `Trace` to fill), `home_code`, `namespace`
+    (where to look up variable names), `name_budget_s`, `ignore_names` (namespace names that are
+    not the user's, left out of the walk that names tensors).
     """
-    options.setdefault("analyze", analyze)
     if save is not None:
         from autograd_magic.saving import save_trace
 

@@ -155,11 +155,15 @@ def _prepare(shell: Any, line: str, cell: str) -> tuple[Any, CodeType, CodeType 
     return args, body, last
 
 
+# What IPython puts in a cell's namespace for itself: never a name of the user's tensors.
+_NOTEBOOK_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
+
+
 def _start(shell: Any, args: Any, body: CodeType) -> tuple[Recorder, Any, Any]:
     """The cell's recorder (not entered yet) and, in a Jupyter kernel unless told otherwise,
     its live panel (`views.panel.live_panel`, fed by the recorder while it records) already on
     screen, so it shows before the cell's first op; (recorder, None, None) otherwise."""
-    recorder = track(home_code=body, namespace=shell.user_ns)
+    recorder = track(home_code=body, namespace=shell.user_ns, ignore_names=_NOTEBOOK_NAMES)
     panel, handle = None, None
     if not (args.no_live or args.text) and _widget_frontend(shell):
         from autograd_magic.views.panel import live_panel  # ipywidgets only for a panel

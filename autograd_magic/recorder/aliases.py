@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import weakref
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -353,11 +353,12 @@ class AliasTracker:
         also: Callable[[Any, str], None] | None = None,
         extra: dict[int, int] | None = None,
         also_wants: Callable[[torch.Tensor], bool] | None = None,
+        ignore: Collection[str] = (),
     ) -> dict[int, str]:
         """Replace op labels by the user's variable paths for objects still alive; `extra`
         (address -> negative id) asks for more objects' paths in the same walk, `also(obj,
         path)` sees each object visited (`also_wants(tensor)` False: `also` does nothing for that
-        plain tensor). Returns every path found by id."""
+        plain tensor); names in `ignore` are not walked. Returns every path found by id."""
         alive = self.registry.alive()
         skipped: set[str] = set()
         param_names: dict[int, str] = {}
@@ -388,7 +389,9 @@ class AliasTracker:
 
         wanted = {**alive, **extra} if extra else alive
         if wanted or also is not None or released:
-            names, complete = find_names(namespace, wanted, budget_s, visit, skipped, visit_wants)
+            names, complete = find_names(
+                namespace, wanted, budget_s, visit, skipped, visit_wants, ignore
+            )
         else:  # nothing alive to name, no holder to look for, no parameter saved: no walk
             names, complete = {}, True
         names = {uid: resolve_param_marks(path, param_names) for uid, path in names.items()}

@@ -16,7 +16,7 @@ import sys
 import threading
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from types import CodeType, TracebackType
 from typing import Any, Literal
 
@@ -25,7 +25,6 @@ import torch
 from autograd_magic.model.records import (
     Blindspot,
     BlindspotKind,
-    Finding,
     Holder,
     Site,
 )
@@ -77,7 +76,7 @@ class Recorder(
         home_code: CodeType | None = None,
         namespace: dict[str, Any] | None = None,
         name_budget_s: float = 0.25,
-        analyze: Callable[[Trace], list[Finding]] | None = None,
+        ignore_names: Collection[str] = (),
         on_exit: Callable[[Trace], None] | None = None,
     ) -> None:
         global _next_trace_number
@@ -88,12 +87,13 @@ class Recorder(
         self.writer.read_holders = weakref.WeakMethod(self.read_for_listener)
         # Tags and packed buffers reach the writer weakly: they outlive the block in the graph.
         self._writer_ref = weakref.ref(self.writer)
-        self._analyze = analyze
         self._on_exit = on_exit  # called with the finished trace; must not raise
         self._key = f"autograd_magic:{_next_trace_number}"
         self._home_code = home_code
         self._namespace = namespace
         self._name_budget_s = name_budget_s
+        # Names in the namespace that are not the user's (the magic passes a notebook's own).
+        self._ignore_names = frozenset(ignore_names)
         self._sites = SiteFinder(home_code)
         self._kinds = KINDS
         self._busy = 0
@@ -309,7 +309,7 @@ class Recorder(
         return False
 
     def finish(self, namespace: dict[str, Any]) -> None:
-        """Resolve labels against the user's namespace and compute findings (block has ended)."""
+        """Resolve labels against the user's namespace (the block has ended)."""
         self.aliases.check_numpy_writes()
         holders: list[Holder] = []
         note_holder = noting_holders(self._key, holders)
@@ -325,6 +325,7 @@ class Recorder(
             also=note_holder if live else None,
             extra=extra,
             also_wants=has_graph,
+            ignore=self._ignore_names,
         )
         root_names = {
             placeholder: name
@@ -333,7 +334,7 @@ class Recorder(
         }
         self.writer.end_modules(root_names)
         self.writer.end_holders(holders)
-        self.writer.close(None if self._analyze is None else self._analyze(self.trace))
+        self.writer.close()
 
     # ----- per-call path ----------------------------------------------------------------
     def _on_call(self, func: Any, args: tuple, kwargs: dict, call: StandIn) -> Any:

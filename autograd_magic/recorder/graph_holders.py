@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +53,7 @@ class LiveHolderReading:
     _key: str
     _namespace: dict[str, Any] | None
     _home_code: CodeType | None
+    _ignore_names: Collection[str]
 
     def read_graph_holders(self) -> None:
         """Holders of live graph roots now, in the namespace the block was given (the magic's
@@ -70,6 +71,7 @@ class LiveHolderReading:
                 noting_holders(self._key, holders),
                 budget_s=LIVE_BUDGET_S,
                 worth=has_graph,  # a dataset's tensors hold no graph: not visited
+                ignore=self._ignore_names,
             )
         self.writer.end_holders(holders)
 

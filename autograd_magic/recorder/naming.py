@@ -12,14 +12,13 @@ import sys
 import time
 import types
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from autograd_magic.recorder.torch_api import MODULE_TABLES
 
-_SKIP_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
 _ATOMIC = (str, bytes, int, float, complex, bool, type(None), range, slice)
 _OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
 _LEAVES = (*_ATOMIC, *_OPAQUE)
@@ -175,18 +174,21 @@ def walk_namespace(
     budget_s: float = 0.25,
     skipped: set[str] | None = None,
     worth: Callable[[torch.Tensor], bool] | None = None,
+    ignore: Collection[str] = (),
 ) -> bool:
     """Call `visit(obj, path)` for each path to each object reachable from `roots` (shortest
     first; each object walked into once); False when time ran out. Types not walked into
     because reading them would run user code are added to `skipped`. Short plain containers of
     plain numbers are not visited, nor, where `worth(tensor)` is False, a plain tensor found
-    inside something (a dataset's samples) or such containers of them."""
+    inside something (a dataset's samples) or such containers of them. Names in `ignore` (what
+    the caller knows is not the user's: a notebook's own variables) and private names are not
+    walked."""
     skipped = set() if skipped is None else skipped
     deadline = time.perf_counter() + budget_s
     seen: set[int] = set()
     queue: deque[tuple[Any, str, int]] = deque()
     for name, obj in list(roots.items()):
-        if not name.startswith("_") and name not in _SKIP_NAMES:
+        if not name.startswith("_") and name not in ignore:
             queue.append((obj, name, 0))
     steps = 0
     while queue:
@@ -231,6 +233,7 @@ def find_names(
     also: Callable[[Any, str], None] | None = None,
     skipped: set[str] | None = None,
     also_wants: Callable[[torch.Tensor], bool] | None = None,
+    ignore: Collection[str] = (),
 ) -> tuple[dict[int, str], bool]:
     """Map uid -> shortest user path for objects whose address is in `wanted` (address -> uid);
     `also(obj, path)` sees every visited object in the same walk. `also_wants(tensor)`: False
@@ -253,6 +256,7 @@ def find_names(
         budget_s=budget_s,
         skipped=skipped,
         worth=None if also_wants is None else worth,
+        ignore=ignore,
     )
     return names, complete
 

@@ -17,7 +17,6 @@ from autograd_magic.model.records import (
     AliasLink,
     BackwardCall,
     Blindspot,
-    Finding,
     HeldBy,
     NodeRecord,
     SavedBuffer,
@@ -428,12 +427,10 @@ class TraceWriter(EndStateWriting, ListenerCalling):
         self._last_line = None if last is None else last.line
 
     # ----- the end -------------------------------------------------------------------------
-    def close(self, findings: list[Finding] | None = None) -> None:
-        """End the block: the timeline is complete, findings are set, and nothing written later
-        (a node dying in the next cell) changes this trace."""
+    def close(self) -> None:
+        """End the block: the timeline is complete, and nothing written later (a node dying in
+        the next cell) changes this trace."""
         self.flush()
-        if findings is not None:
-            self.trace.findings = findings
         self.trace.finished = True
         self.closed = True
         self.active_backward = None
