@@ -176,7 +176,7 @@ class AliasTracker:
             out = call(func, args, kwargs)
             new = version_of(first)
             if new != old:
-                self._record_bump(first, op, old, new, self.sites.here(2), saved_before)
+                self._record_bump(first, op, old, new, self.sites.here(), saved_before)
             return out
         targets = _write_targets(args, kwargs)
         before = [version_of(t) for t in targets]
@@ -186,7 +186,7 @@ class AliasTracker:
         for tensor, old in zip(targets, before, strict=True):
             new = version_of(tensor)
             if new != old:
-                site = site or self.sites.here(2)
+                site = site or self.sites.here()
                 self._record_bump(tensor, op, old, new, site, saved_before)
         return out
 
@@ -281,7 +281,7 @@ class AliasTracker:
     def _record_numpy_write(self, watch: _NumpyWatch, tensor: torch.Tensor) -> None:
         writer = self.writer
         _, hits = self._saved_on(tensor, self.trace.buffers_saved)
-        site = self.sites.here(2)
+        site = self.sites.here()
         bump = VersionBump(
             label=self.trace.labels.get(watch.array_uid, ""),
             op="numpy write",
@@ -297,7 +297,7 @@ class AliasTracker:
         writer.version_bump(bump, None)
 
     # ----- aliases and copies ------------------------------------------------------------
-    def link(self, out: Any, source: Any, op: str, kind: OpKind, skip: int = 3) -> None:
+    def link(self, out: Any, source: Any, op: str, kind: OpKind) -> None:
         """Record how `out` relates to `source`: same memory (alias) or a copy."""
         if source is None or not (isinstance(source, torch.Tensor) or _is_ndarray(source)):
             return
@@ -307,7 +307,7 @@ class AliasTracker:
             if item is source or not (isinstance(item, torch.Tensor) or _is_ndarray(item)):
                 continue
             shares = kind is not OpKind.COPY and shares_memory(item, source)
-            site = site or self.sites.here(skip)
+            site = site or self.sites.here()
             self._add_link(item, source, op, kind, shares, site)
 
     def _add_link(

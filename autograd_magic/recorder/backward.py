@@ -33,8 +33,8 @@ class BackwardHost(Protocol):
 
     writer: TraceWriter
 
-    def site(self, skip: int) -> Site:
-        """The user's source position `skip` frames above the caller."""
+    def site(self) -> Site:
+        """The user's source position: the innermost frame outside torch and the recorder."""
         ...
 
     def check_numpy_writes(self) -> None:
@@ -55,7 +55,7 @@ def run_backward(host: BackwardHost, func: Any, kind: OpKind, args: tuple, kwarg
     and its error (recorded, then re-raised unchanged)."""
     __tracebackhide__ = True
     writer = host.writer
-    site = host.site(2)
+    site = host.site()
     if func is _TENSOR_BACKWARD and len(args) == 1 and not kwargs:
         arguments = {"self": args[0]}  # `loss.backward()`: what `bind` gives, without its cost
     else:

@@ -45,7 +45,7 @@ class BlindSpotHandling:
             return
         self._busy += 1
         try:
-            self.aliases.link(tensor, array, "from_numpy", OpKind.AS_TENSOR, skip=3)
+            self.aliases.link(tensor, array, "from_numpy", OpKind.AS_TENSOR)
         finally:
             self._busy -= 1
 
@@ -57,7 +57,7 @@ class BlindSpotHandling:
         """User saved-tensor hooks were entered: they hide saved tensors from this block."""
         if threading.get_ident() != self._thread:  # hooks are per thread: not this block's
             return
-        site = self._sites.here(2)
+        site = self._sites.here()
         self._note_blindspot("saved-tensor-hooks", site, _HOOKS_MESSAGE)
 
     def suspend(self, kind: BlindspotKind, message: str) -> bool:
@@ -65,7 +65,7 @@ class BlindSpotHandling:
         tracking; False when this block is not running on this thread."""
         if self._mode is None or threading.get_ident() != self._thread or self._suspended:
             return False
-        self._note_blindspot(kind, self._sites.here(2), message)
+        self._note_blindspot(kind, self._sites.here(), message)
         self._suspended = "hooks" if kind == "hooks-disabled" else "all"
         install.remove_hooks(self._pack_hook)
         if self._suspended == "all":

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
 import warnings
 import weakref
@@ -36,6 +35,7 @@ from autograd_magic.recorder.backward import run_backward
 from autograd_magic.recorder.blind_spots import BlindSpotHandling
 from autograd_magic.recorder.caller import CallerStandIns, StandIn
 from autograd_magic.recorder.deferred import take
+from autograd_magic.recorder.frames import outside_caller
 from autograd_magic.recorder.graph_holders import LiveHolderReading, has_graph, noting_holders
 from autograd_magic.recorder.mode import KINDS, RecorderMode, kind_of
 from autograd_magic.recorder.module_calls import ModuleTracker
@@ -117,7 +117,7 @@ class Recorder(
     # ----- install / remove -------------------------------------------------------------
     def __enter__(self) -> Trace:
         if self._home_code is None:
-            self._home_code = self._sites.home_code = sys._getframe(1).f_code
+            self._home_code = self._sites.home_code = outside_caller().f_code
         self.writer.locate = self._sites.here
         self._sequence_start = current_sequence_nr()
         self._thread = threading.get_ident()
@@ -146,7 +146,7 @@ class Recorder(
             kind: BlindspotKind = (
                 "torch.func" if disabled.startswith("torch.func") else "hooks-disabled"
             )
-            self._note_blindspot(kind, self._sites.here(2), install.DISABLED_MESSAGES[kind])
+            self._note_blindspot(kind, self._sites.here(), install.DISABLED_MESSAGES[kind])
             self._suspended = "hooks"
             install.suspended_until_enabled(self)
 
@@ -284,7 +284,7 @@ class Recorder(
             )
         namespace = self._namespace
         if namespace is None:
-            frame = sys._getframe(1)
+            frame = outside_caller()
             namespace = frame_namespace(frame)
             if namespace is None:
                 namespace = dict(frame.f_globals)
@@ -437,9 +437,9 @@ class Recorder(
         return out
 
     # ----- what backward recording asks of the recorder (backward.BackwardHost) ----------
-    def site(self, skip: int) -> Site:
-        """The user's source position, as `SiteFinder.here(skip)` called by the caller."""
-        return self._sites.here(skip + 1)
+    def site(self) -> Site:
+        """The user's source position (`SiteFinder.here`)."""
+        return self._sites.here()
 
     def check_numpy_writes(self) -> None:
         """Record NumPy writes made since the last check."""

@@ -78,7 +78,7 @@ class LiveHolderReading:
     def _home_namespace(self) -> dict[str, Any] | None:
         """The globals and locals of the frame running the block (a refresh runs inside one of
         its torch calls, so that frame is on the stack)."""
-        frame: FrameType | None = sys._getframe(1)
+        frame: FrameType | None = sys._getframe()
         while frame is not None and frame.f_code is not self._home_code:
             frame = frame.f_back
         try:

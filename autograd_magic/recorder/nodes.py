@@ -139,7 +139,7 @@ class NodeRecording:
         node_id = self._next_node_id
         self._next_node_id = node_id + 1
         metadata[key] = self._new_tag(self._writer_ref, node_id)
-        site = self._call_site or self._sites.here(3)
+        site = self._call_site or self._sites.here()
         writer = self.writer
         writer.op_node(node_id, type(node).__name__, site, tuple(next_ids))
         unowned = self._unowned
@@ -171,7 +171,7 @@ class NodeRecording:
             for child, _ in next_functions:
                 if child is not None:
                     stack.append(child)
-        site = self._call_site or self._sites.here(2)
+        site = self._call_site or self._sites.here()
         writer.next_seq()
         root_ids = {id(root) for root in roots}
         for node, node_id, next_functions in found:

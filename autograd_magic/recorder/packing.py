@@ -64,7 +64,7 @@ class SavedTensorRecording:
             trace.seq += 1
             site = self._call_site
             if site is None:
-                site = self._sites.here(1)
+                site = self._sites.here()
                 # One stack walk per torch call, shared by the buffers it saves and its node.
                 if self._in_call:
                     self._call_site = site

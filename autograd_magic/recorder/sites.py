@@ -73,7 +73,7 @@ class SiteFinder:
             self._native = compiled.SiteCache(
                 home_code, _LIBRARY_FILES, is_library_file, self._interned, Site, UNKNOWN_SITE
             )
-            # An instance attribute: `sites.here(2)` calls the C method with no Python frame.
+            # An instance attribute: `sites.here()` calls the C method with no Python frame.
             self.here = self._native.here  # type: ignore[method-assign]
 
     @property
@@ -88,9 +88,12 @@ class SiteFinder:
             self._native.home_code = code
 
     def here(self, skip: int = 1) -> Site:
-        """The site of the calling event, looked up `skip` frames above this call; UNKNOWN_SITE
-        where there are not that many (a hook run on a thread with no Python caller, as
-        TorchScript's fork workers and autograd's device threads are)."""
+        """The site of the calling event: the innermost frame that is not library code (torch,
+        the standard library, this package) nor a stand-in, by that rule alone, so a call level
+        added inside the recorder moves no line. The walk starts `skip` frames above the caller
+        (callers leave the default: they are the recorder's own frames); UNKNOWN_SITE where the
+        stack ends first (a hook run on a thread with no Python caller, as TorchScript's fork
+        workers and autograd's device threads are)."""
         try:
             frame: FrameType | None = sys._getframe(skip + 1)
         except ValueError:

@@ -40,7 +40,7 @@ _new_sample = tuple.__new__  # the NamedTuple's own __new__ is a Python function
 class TraceWriter(EndStateWriting, ListenerCalling):
     """Writes one block's events into `trace`; `close()` ends the block for good."""
 
-    def __init__(self, trace: Trace, locate: Callable[[int], Site] | None = None) -> None:
+    def __init__(self, trace: Trace, locate: Callable[[], Site] | None = None) -> None:
         self.trace = trace
         self.closed = False
         # Records (and the recorder's packed buffers and weak references) are left out of the
@@ -50,7 +50,7 @@ class TraceWriter(EndStateWriting, ListenerCalling):
         self.untrack: Callable[[object], object] | None = (
             None if native.NATIVE is None else native.NATIVE.untrack
         )
-        # Where an event happened when it carries no site (a node dying): `locate(skip)`.
+        # Where an event happened when it carries no site (a node dying): `locate()`.
         self.locate = locate
         self.active_backward: BackwardCall | None = None
         # The innermost nn.Module being called (set by the module tracker), and per module path
@@ -166,7 +166,7 @@ class TraceWriter(EndStateWriting, ListenerCalling):
             site = call.site
         else:
             locate = self.locate
-            site = UNKNOWN_SITE if locate is None else locate(2)
+            site = UNKNOWN_SITE if locate is None else locate()
         trace = self.trace
         trace.live_nodes = live = trace.live_nodes - 1
         trace.seq = seq = trace.seq + 1
@@ -236,7 +236,7 @@ class TraceWriter(EndStateWriting, ListenerCalling):
             site = call.site
         else:
             locate = self.locate
-            site = UNKNOWN_SITE if locate is None else locate(2)
+            site = UNKNOWN_SITE if locate is None else locate()
         trace = self.trace
         counts = self._storage_counts
         count = counts.get(storage_key)
