@@ -14,11 +14,24 @@ from markers import marker_lines
 
 import autograd_magic as am
 from autograd_magic.analysis.findings import KINDS, find_facts
-from autograd_magic.model.records import BackwardCall, Holder, NodeRecord, SavedBuffer, Site
+from autograd_magic.model.records import (
+    BackwardCall,
+    Finding,
+    Holder,
+    NodeRecord,
+    SavedBuffer,
+    Site,
+)
+from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import format_bytes
-from autograd_magic.report.wording import analyze
+from autograd_magic.report.wording import finding
 
 line_of = marker_lines(__file__)
+
+
+def analyze(trace: Trace) -> list[Finding]:
+    """The trace's findings, worded, computed here (not read from `trace.findings`)."""
+    return [finding(f) for f in find_facts(trace)]
 
 
 def kinds(trace: am.Trace) -> list[str]:

@@ -3,11 +3,24 @@ corpus of real loops showed (tests/findings_corpus.py) has a test here on the re
 
 from __future__ import annotations
 
-from autograd_magic.model.records import BackwardCall, Holder, NodeRecord, SavedBuffer, Site
+from autograd_magic.analysis.findings import find_facts
+from autograd_magic.model.records import (
+    BackwardCall,
+    Finding,
+    Holder,
+    NodeRecord,
+    SavedBuffer,
+    Site,
+)
 from autograd_magic.model.trace import Trace
-from autograd_magic.report.wording import analyze
+from autograd_magic.report.wording import finding
 
 CELL = "<records-cell>"
+
+
+def analyze(trace: Trace) -> list[Finding]:
+    """The trace's findings, worded, computed here (not read from `trace.findings`)."""
+    return [finding(f) for f in find_facts(trace)]
 
 
 def site(line: int, inner: int | None = None, function: str = "forward") -> Site:

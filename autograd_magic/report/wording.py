@@ -1,162 +1,97 @@
-"""Findings in words: the one place that turns a `Fact` into the sentence a user reads and that
-quotes source lines. The panel, HTML, text and the command line all show these sentences.
+"""Findings in words: the one place that turns a fact into the sentence a user reads. The
+panel, HTML, text and the command line all show these sentences.
 
-`analyze(trace)` is what a `track()` block runs when it ends: facts from the analysis, worded
-into the `Finding` records the trace stores (and its JSON keeps).
+Each fact class has its wording function in `_WORDS`, checked complete at import, so a form
+without words fails at once, not the day it occurs. The quotes and lists the sentences are made
+of live in `autograd_magic.report.quotes`.
 """
 
 from __future__ import annotations
 
-import io
-import linecache
-import tokenize
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from autograd_magic.analysis.findings import Fact, SavedBy, find_facts
-from autograd_magic.model.records import Finding, Site
-from autograd_magic.model.trace import Trace
+from autograd_magic.analysis.findings.facts import (
+    FACT_TYPES,
+    Bypass,
+    DataWrite,
+    Fact,
+    FreedBuiltOnce,
+    FreedByTwoLosses,
+    FreedCarried,
+    FreedKeptContainer,
+    FreedTwice,
+    FreedUnshared,
+    GraphGrowth,
+    InplaceWrite,
+    KeptChain,
+    KeptContainer,
+    Leftover,
+    NeverReached,
+    NoBackward,
+    NumpyWrite,
+    OptimizerStep,
+    RetainedGraph,
+    SharedWrite,
+    UnusedGraphs,
+)
+from autograd_magic.model.records import Finding
 from autograd_magic.model.units import cell_line, format_bytes
-
-CARRIED_VALUE = "the carried value"  # a carried value no variable is known to hold
-INPLACE_ERROR = (
-    "'one of the variables needed for gradient computation has been modified by an inplace "
-    "operation'"
+from autograd_magic.report.quotes import (
+    CARRIED_VALUE,
+    INPLACE_ERROR,
+    at_line,
+    because,
+    carried_name,
+    detached,
+    line_list,
+    name_list,
+    once_detached,
+    quoted_code,
+    quoted_source,
+    saved_by,
+    saved_bytes,
+    then_fails,
+    which_graphs,
 )
 
+F = TypeVar("F", bound=Fact)
 
-def analyze(trace: Trace) -> list[Finding]:
-    """The findings of a finished trace, worded, root cause first."""
-    return [finding(fact) for fact in find_facts(trace)]
+__all__ = ["CARRIED_VALUE", "INPLACE_ERROR", "finding", "quoted_source", "words_of"]
 
 
 def finding(fact: Fact) -> Finding:
     """The `Finding` record for `fact`: its sentence plus the lines and holder it names."""
     holder = fact.holder
-    if fact.kind == "graph-growth" and holder is None:
+    if isinstance(fact, GraphGrowth) and holder is None:
         holder = CARRIED_VALUE
-    message = _WORDS[fact.kind, fact.form](fact)
+    message = words_of(type(fact))(fact)
     return Finding(fact.kind, message, fact.line, fact.related_lines, holder, fact.nbytes)
 
 
-# ----- source quotes and lists --------------------------------------------------------------
-def source_of(site: Site) -> str:
-    """The source text of a site's line without its comment, or '' when the file is not
-    available."""
-    return without_comment(linecache.getline(site.file, site.line).strip())
-
-
-def without_comment(line: str) -> str:
-    """`line` with its trailing `# comment` cut (a `#` inside a string stays)."""
-    if "#" not in line:
-        return line
-    try:
-        for token in tokenize.generate_tokens(io.StringIO(line).readline):
-            if token.type == tokenize.COMMENT:
-                return line[: token.start[1]].rstrip()
-    except (tokenize.TokenError, SyntaxError):  # a line of a longer statement
-        pass
-    return line
-
-
-def quoted_code(site: Site | None, times: int = 1) -> str:
-    """' (`code`)' for a site already described with its function line; with `times` over one,
-    ' (`code`, called 3 times)' (or ' (called 3 times)' when the source is not available)."""
-    parts = [f"`{text}`"] if site is not None and (text := source_of(site)) else []
-    if times > 1:
-        parts.append(f"called {times:,} times")
-    return f" ({', '.join(parts)})" if parts else ""
-
-
-def quoted_source(site: Site) -> str:
-    """' (`code`)' after a cell line; for code inside a function the quote says where it is,
-    since the cell line (a call) and the quoted line differ."""
-    text = source_of(site)
-    if not text:
-        return ""
-    if site.outer_line is not None and site.outer_line != site.line:
-        return f" (in {site.function} line {site.line}: `{text}`)"
-    return f" (`{text}`)"
-
-
-def line_list(lines: Iterable[int]) -> str:
-    """'line 4', 'lines 1 and 2', 'lines 1, 2 and 3', or 'lines 1, 2, 3, ... 9' for many."""
-    ordered = sorted(set(lines))
-    if len(ordered) == 1:
-        return f"line {ordered[0]}"
-    if len(ordered) > 4:
-        return "lines " + ", ".join(str(x) for x in ordered[:3]) + f", ... {ordered[-1]}"
-    return "lines " + ", ".join(str(x) for x in ordered[:-1]) + f" and {ordered[-1]}"
-
-
-def name_list(names: Iterable[str], noun: str) -> str:
-    """'a, b, c' or 'a, b, ... (5 parameters)' for many names of one kind."""
-    unique = list(dict.fromkeys(names))
-    if len(unique) <= 3:
-        return ", ".join(unique)
-    return f"{unique[0]}, {unique[1]}, ... ({len(unique):,} {noun})"
-
-
-def _carried_name(cause: Fact) -> str:
-    return cause.holder or CARRIED_VALUE
-
-
-def because(cause: Fact | None) -> str:
-    """'Because `h` carries the previous iteration's graph (line 16), ' or '' without a cause."""
-    if cause is None:
-        return ""
-    return (
-        f"Because `{_carried_name(cause)}` carries the previous iteration's graph (line "
-        f"{cause.line}, the first finding), "
-    )
-
-
-def detached(holder: str, is_tuple: bool) -> str:
-    """`h = h.detach()`, or the tuple form for a tuple such as an LSTM's (h, c)."""
-    if is_tuple:
-        return f"{holder} = tuple(t.detach() for t in {holder})"
-    return f"{holder} = {holder}.detach()"
-
-
-def _saved(saved: SavedBy) -> str:
-    who = " and ".join(saved.owners) if saved.owners else "autograd"
-    if saved.modules:
-        # Inside a model the line is the one calling `model(...)`: the module says where.
-        who += f" (in {name_list((f'`{m}`' for m in saved.modules), 'modules')})"
-    return f"{who} saved for backward at {line_list(saved.lines)}"
-
-
-def _saved_bytes(nbytes: int) -> str:
-    return ", " + format_bytes(nbytes) + " saved" if nbytes else ""
+def words_of(cls: type[Fact]) -> Callable[[Any], str]:
+    """The wording function of a fact class; KeyError for a class that is not a form."""
+    return _WORDS[cls]
 
 
 # ----- kept-alive and unused-graph ----------------------------------------------------------
-def at_line(line: int | None, site: Site | None) -> str:
-    """'line 9 (`code`)', or for a line inside a function called from the traced code
-    'line 4 of `forward`, called at line 9 (`code`)': each line said once."""
-    where = f"line {line}"
-    if site is not None and site.outer_line not in (None, site.line):
-        where += f" of `{site.function}`, called at line {site.outer_line}"
-    return where + quoted_code(site)
-
-
-def _kept_chain(f: Fact) -> str:
+def _kept_chain(f: KeptChain) -> str:
     assert f.built is not None
-    fix = f.detail.get("fix")
     advice = (
-        f"Keep the value without its graph: `{fix}`."
-        if fix
+        f"Keep the value without its graph: `{f.fix}`."
+        if f.fix
         else "Keep `.detach()` of what is added instead of the tensor itself."
     )
     return (
         f"`{f.holder}` keeps every iteration's graph alive: {at_line(f.line, f.built)} adds "
         f"each new result to it, so {f.iterations:,} iterations' graphs ({len(f.node_ids):,} "
-        f"nodes{_saved_bytes(f.nbytes)}) are chained together and never freed. {advice}"
+        f"nodes{saved_bytes(f.nbytes)}) are chained together and never freed. {advice}"
     )
 
 
-def _kept_container(f: Fact) -> str:
+def _kept_container(f: KeptContainer) -> str:
     assert f.built is not None
-    roots, path = f.detail["roots"], f.holder
+    roots, path = f.roots, f.holder
     saved = (
         f", {format_bytes(f.nbytes)} of saved tensors"
         if f.nbytes
@@ -168,7 +103,7 @@ def _kept_container(f: Fact) -> str:
         else "a tensor that still carries its autograd graph"
     )
     taken = f"{at_line(f.line, f.reference)} keeps " if f.reference else ""
-    if f.detail.get("used", True):
+    if f.used:
         fix = "Keep `.item()` (a number) or `.detach()` of the value instead of the tensor itself."
     else:  # outputs no backward used: the graph was never needed
         fix = (
@@ -182,43 +117,33 @@ def _kept_container(f: Fact) -> str:
     )
 
 
-def _leftover(f: Fact) -> str:
+def _leftover(f: Leftover) -> str:
     assert f.built is not None and f.reference is not None
     return (
-        f"`{f.holder}` still holds {f.detail['results']:,} results of line {f.line}"
+        f"`{f.holder}` still holds {f.results:,} results of line {f.line}"
         f"{quoted_source(f.built)} made after the last backward (line "
         f"{cell_line(f.reference)}): no backward used them, so they add nothing to the gradients "
-        f"({len(f.node_ids):,} nodes{_saved_bytes(f.nbytes)}) and are dropped when "
+        f"({len(f.node_ids):,} nodes{saved_bytes(f.nbytes)}) and are dropped when "
         f"`{f.holder}` is rebound. If a partial batch is left at the end of the loop, call "
         f"backward on it too."
     )
 
 
-def _held(f: Fact) -> str:
+def _held(f: UnusedGraphs) -> str:
     """' `first` still holds the first, `p` the last.': who holds which of the graphs."""
-    if not f.detail["held"]:
+    if not f.held:
         return ""
-    graphs = f.detail["graphs"]
-    holds = f.detail.get("holds") or {f.holder: [graphs - 1]}
-    said = [f"`{path}` {_which(ranks, graphs)}" for path, ranks in list(holds.items())[:3]]
+    graphs = f.graphs
+    holds = f.holds or ((f.holder, (graphs - 1,)),)
+    said = [f"`{path}` {which_graphs(ranks, graphs)}" for path, ranks in holds[:3]]
     return (
         " " + said[0].replace("` ", "` still holds ", 1) + "".join(f", {s}" for s in said[1:]) + "."
     )
 
 
-def _which(ranks: list[int], graphs: int) -> str:
-    """Which of `graphs` graphs (by building order) `ranks` are, in words."""
-    if graphs == 1:
-        return "it"
-    if len(ranks) > 1:
-        return "all of them" if len(ranks) == graphs else f"{len(ranks):,} of them"
-    rank = ranks[0]
-    return "the last" if rank == graphs - 1 else "the first" if rank == 0 else f"graph {rank + 1:,}"
-
-
-def _no_backward(f: Fact) -> str:
+def _no_backward(f: NoBackward) -> str:
     assert f.built is not None
-    graphs = f.detail["graphs"]
+    graphs = f.graphs
     return (
         f"Line {f.line}{quoted_source(f.built)} built {graphs:,} autograd graph"
         f"{'s' if graphs > 1 else ''} that no backward used, saving up to "
@@ -228,9 +153,9 @@ def _no_backward(f: Fact) -> str:
     )
 
 
-def _never_reached(f: Fact) -> str:
+def _never_reached(f: NeverReached) -> str:
     assert f.built is not None
-    graphs, where = f.detail["graphs"], f.detail["freed_at"]
+    graphs, where = f.graphs, f.freed_at
     many = graphs > 1
     when = (
         f", {'most ' if many else ''}at line {where}, when the value holding it was rebound or "
@@ -248,52 +173,38 @@ def _never_reached(f: Fact) -> str:
 
 
 # ----- graph-growth, retained-graph, backward-through-freed ---------------------------------
-def _growth(f: Fact) -> str:
+def _growth(f: GraphGrowth) -> str:
     assert f.built is not None and f.reference is not None
-    holder, grew = _carried_name(f), f.detail["grew"]
+    holder, grew = carried_name(f), f.grew
     grew_text = (
-        f", and the graph grew from {grew[0]} to {grew[1]} nodes over {grew[2]:,} backward calls"
+        f", and the graph grew from {grew.first_nodes} to {grew.last_nodes} nodes over "
+        f"{grew.calls:,} backward calls"
         if grew
         else ""
     )
     return (
         f"Each iteration's graph links to the previous one through `{holder}`, carried at line "
         f"{f.line}{quoted_source(f.built)}: the backward at line {cell_line(f.reference)} walked "
-        f"{f.detail['earlier_nodes']} nodes from earlier iterations{grew_text}. Detach the "
+        f"{f.earlier_nodes} nodes from earlier iterations{grew_text}. Detach the "
         f"carried value once per iteration, before it is used again: "
-        f"`{detached(holder, f.detail['tuple'])}`"
-        + _once_detached(f.detail["retain"], f.detail["writes_hit_saved"])
+        f"`{detached(holder, f.is_tuple)}`" + once_detached(f.retain_graph_used, f.writes_hit_saved)
     )
 
 
-def _once_detached(retain: bool, writes_hit_saved: bool) -> str:
-    """What detaching also fixes: the retain_graph workaround, and in-place updates (an
-    optimizer step) that broke the next backward, each only when it happened."""
-    if not retain:
-        return "."
-    if writes_hit_saved:
-        return (
-            "; then retain_graph=True is no longer needed and the optimizer's updates no longer "
-            "break the next backward."
-        )
-    return "; then retain_graph=True is no longer needed."
-
-
-def _retained(f: Fact) -> str:
+def _retained(f: RetainedGraph) -> str:
     assert f.reference is not None
-    times = f.detail["times"]
     keeper = f" as long as `{f.holder}` is alive" if f.holder else " until the graph is dropped"
     kept_text = (
         f"{format_bytes(f.nbytes)} of saved tensors ({len(f.buffer_ids):,} buffers, saved at "
         f"{line_list(f.related_lines)}) that no later backward released; they stay in "
         f"memory{keeper}."
     )
-    call_text = f.reference.describe() + quoted_code(f.reference, times)
+    call_text = f.reference.describe() + quoted_code(f.reference, f.times)
     if f.cause is not None:
         return (
             f"{because(f.cause)}each backward reaches back into it, which is why "
             f"backward(retain_graph=True) at {call_text} seemed needed. It kept {kept_text} "
-            f"Once `{_carried_name(f.cause)}` is detached, drop retain_graph=True."
+            f"Once `{carried_name(f.cause)}` is detached, drop retain_graph=True."
         )
     return (
         f"backward(retain_graph=True) at {call_text} kept {kept_text} If you "
@@ -302,16 +213,18 @@ def _retained(f: Fact) -> str:
     )
 
 
-def _freed_twice(fix: Callable[[Fact], str]) -> Callable[[Fact], str]:
-    def words(f: Fact) -> str:
-        assert f.reference is not None
+def _freed_twice(fix: Callable[[F], str]) -> Callable[[F], str]:
+    """The words of a backward-through-freed form: what happened, then `fix`'s advice."""
+
+    def words(f: F) -> str:
+        assert isinstance(f, FreedTwice) and f.reference is not None
         who = f"`{f.holder}.backward()`" if f.holder else "The backward"
-        saved, built = f.detail["saved_lines"], f.detail["built_lines"]
+        saved, built = f.saved_lines, f.built_lines
         if saved:
             needs = f"tensors saved at {line_list(saved)}"
         else:  # e.g. a Python number saved by `2 * x`: saved-tensor hooks never see those
             needs = f"the graph built at {line_list(built)}" if built else "a graph"
-        releaser: Site | None = f.detail["releaser"]
+        releaser = f.releaser
         if releaser is None:
             earlier = "an earlier backward"
         else:
@@ -325,8 +238,9 @@ def _freed_twice(fix: Callable[[Fact], str]) -> Callable[[Fact], str]:
     return words
 
 
-def _fix_two_losses(f: Fact) -> str:
-    first, name, releaser = f.detail["first"], f.holder, f.detail["releaser"]
+def _fix_two_losses(f: FreedByTwoLosses) -> str:
+    first, name, releaser = f.first, f.holder, f.releaser
+    assert releaser is not None  # two losses: an earlier backward freed the shared part
     total = f"({first} + {name})" if first and name and first != name else "(loss1 + loss2)"
     return (
         f"Passing retain_graph=True at line {cell_line(releaser)} would keep them (and "
@@ -335,17 +249,17 @@ def _fix_two_losses(f: Fact) -> str:
     )
 
 
-def _fix_carried(f: Fact) -> str:
+def _fix_carried(f: FreedCarried) -> str:
     return (
         f"The shared part is a value carried across iterations (line "
-        f"{f.detail['carried_line']}): detach it once per iteration "
-        f"(`{detached(f.detail['carried'], f.detail['tuple'])}`) rather than passing "
+        f"{f.carried_line}): detach it once per iteration "
+        f"(`{detached(f.carried, f.is_tuple)}`) rather than passing "
         "retain_graph=True, which would keep every iteration's graph alive."
     )
 
 
-def _fix_kept_container(f: Fact) -> str:
-    container = f.detail["container"]
+def _fix_kept_container(f: FreedKeptContainer) -> str:
+    container = f.container
     return (
         f"The freed part is reached through `{container}`, which still holds results of "
         f"iterations an earlier backward already used: empty it after each backward "
@@ -353,17 +267,17 @@ def _fix_kept_container(f: Fact) -> str:
     )
 
 
-def _fix_unshared(f: Fact) -> str:
+def _fix_unshared(f: FreedUnshared) -> str:
     return (
         "Pass retain_graph=True to the earlier backward, or sum the losses and call backward once."
     )
 
 
-def _fix_built_once(f: Fact) -> str:
-    widest = f.detail["widest"]
+def _fix_built_once(f: FreedBuiltOnce) -> str:
+    widest = f.widest
     value = f"`{widest}`" if widest else "it"
     return (
-        f"The shared part was built once ({line_list(f.detail['built_lines'])}) and is "
+        f"The shared part was built once ({line_list(f.built_lines)}) and is "
         f"reused by every later backward: if no gradient should flow into it, detach "
         f"{value} (or build it under `torch.no_grad()`); if one should, rebuild it before each "
         "backward."
@@ -371,46 +285,35 @@ def _fix_built_once(f: Fact) -> str:
 
 
 # ----- writes -------------------------------------------------------------------------------
-def _inplace(f: Fact) -> str:
+def _inplace(f: InplaceWrite) -> str:
     assert f.reference is not None
-    fix = f.detail.get("fix")
     advice = (
-        f"Use the out-of-place form, `{fix}`, or `.clone()` the tensor before writing to it."
-        if fix
+        f"Use the out-of-place form, `{f.fix}`, or `.clone()` the tensor before writing to it."
+        if f.fix
         else "Use the out-of-place form of the operation (inplace=False for a layer), or "
         "`.clone()` the tensor before writing to it."
     )
     return (
-        f"In-place `{f.detail['op']}` on `{f.holder}` at {at_line(f.line, f.reference)} changed "
-        f"a tensor that {_saved(f.detail['saved'])}; {_then(f)}. {advice}"
+        f"In-place `{f.op}` on `{f.holder}` at {at_line(f.line, f.reference)} changed "
+        f"a tensor that {saved_by(f.saved)}; {then_fails(f.failed)}. {advice}"
     )
 
 
-def _then(f: Fact, why: str = "") -> str:
-    """What follows from a write to a saved tensor: why the backward that failed did (`why`
-    adds the reason), or that a backward through that graph will fail."""
-    failed = f.detail.get("failed")
-    # When the backward already failed, its error says PyTorch's text: say why, not it again.
-    if failed is not None:
-        return f"that is why the backward at line {failed} failed{why}"
-    return f"a backward through that graph will fail with {INPLACE_ERROR}"
-
-
-def _optimizer_step(f: Fact) -> str:
+def _optimizer_step(f: OptimizerStep) -> str:
     assert f.reference is not None
-    labels = f.detail["labels"]
+    labels = f.labels
     names = name_list(labels, "parameters")
     what = f"`{names}`" if len(labels) == 1 else names
     done = (
         f"the optimizer step at line {f.line}{quoted_source(f.reference)} updated {what} in "
-        f"place, tensors that {_saved(f.detail['saved'])}"
+        f"place, tensors that {saved_by(f.saved)}"
     )
     if f.cause is not None:
         return (
             f"{because(f.cause)}the next backward reaches back into that graph: {done}, so it "
-            f"fails with {INPLACE_ERROR}. Detaching `{_carried_name(f.cause)}` fixes this too."
+            f"fails with {INPLACE_ERROR}. Detaching `{carried_name(f.cause)}` fixes this too."
         )
-    then = _then(f, ": the graph it walks was built before the step")
+    then = then_fails(f.failed, ": the graph it walks was built before the step")
     return (
         f"{done[0].upper()}{done[1:]}; {then}. The optimizer updated the weights while a "
         f"retained graph still needs their old values: run every backward before "
@@ -418,12 +321,12 @@ def _optimizer_step(f: Fact) -> str:
     )
 
 
-def _shared_write(f: Fact) -> str:
+def _shared_write(f: SharedWrite) -> str:
     assert f.reference is not None
-    sharers = f.detail["sharers"]
+    sharers = f.sharers
     others = ", ".join(f"`{s}`" + (f" ({how})" if how else "") for s, how in sharers)
     return (
-        f"In-place `{f.detail['op']}` on `{f.holder}` at line {f.line}"
+        f"In-place `{f.op}` on `{f.holder}` at line {f.line}"
         f"{quoted_source(f.reference)} also changed {others}, which "
         f"{'share' if len(sharers) > 1 else 'shares'} memory with `{f.holder}`. If the old "
         f"values were meant to stay, copy first with `.clone()` (tensors) or `.copy()` (NumPy "
@@ -431,44 +334,45 @@ def _shared_write(f: Fact) -> str:
     )
 
 
-def _bypass(numpy: bool) -> Callable[[Fact], str]:
-    def words(f: Fact) -> str:
-        assert f.reference is not None
-        target = f"`{f.holder}`" if f.holder else "a tensor"
-        written = f.detail["written"]
-        if numpy:
-            how = f"NumPy array `{written}` was written (seen at line {f.line})"
-        else:
-            how = (
-                f"`{written}` was written at line {f.line}{quoted_source(f.reference)} through "
-                f"`.data`"
-            )
-        return (
-            f"{how}, changing {target} without bumping its version counter, after "
-            f"{_saved(f.detail['saved'])}: backward will use the new values without any error, "
-            f"so gradients may be silently wrong. Make the change before the forward pass, or "
-            f"write under torch.no_grad() without `.data` so autograd's check can see it."
+def _bypass(f: Bypass) -> str:
+    assert f.reference is not None
+    target = f"`{f.holder}`" if f.holder else "a tensor"
+    written = f.written
+    if isinstance(f, NumpyWrite):
+        how = f"NumPy array `{written}` was written (seen at line {f.line})"
+    else:
+        how = (
+            f"`{written}` was written at line {f.line}{quoted_source(f.reference)} through `.data`"
         )
+    return (
+        f"{how}, changing {target} without bumping its version counter, after "
+        f"{saved_by(f.saved)}: backward will use the new values without any error, "
+        f"so gradients may be silently wrong. Make the change before the forward pass, or "
+        f"write under torch.no_grad() without `.data` so autograd's check can see it."
+    )
 
-    return words
 
-
-_WORDS: dict[tuple[str, str], Callable[[Fact], str]] = {
-    ("kept-alive", "chain"): _kept_chain,
-    ("kept-alive", "container"): _kept_container,
-    ("graph-growth", "carried"): _growth,
-    ("retained-graph", "retained"): _retained,
-    ("backward-through-freed", "two-losses"): _freed_twice(_fix_two_losses),
-    ("backward-through-freed", "carried"): _freed_twice(_fix_carried),
-    ("backward-through-freed", "kept-container"): _freed_twice(_fix_kept_container),
-    ("backward-through-freed", "unshared"): _freed_twice(_fix_unshared),
-    ("backward-through-freed", "built-once"): _freed_twice(_fix_built_once),
-    ("inplace-on-saved", "write"): _inplace,
-    ("inplace-on-saved", "optimizer-step"): _optimizer_step,
-    ("shared-write", "write"): _shared_write,
-    ("data-bypass", "data"): _bypass(numpy=False),
-    ("data-bypass", "numpy"): _bypass(numpy=True),
-    ("unused-graph", "leftover"): _leftover,
-    ("unused-graph", "no-backward"): _no_backward,
-    ("unused-graph", "never-reached"): _never_reached,
+# Each form's words, keyed by its fact class (each function takes that class).
+_WORDS: dict[type[Fact], Callable[[Any], str]] = {
+    KeptChain: _kept_chain,
+    KeptContainer: _kept_container,
+    GraphGrowth: _growth,
+    RetainedGraph: _retained,
+    FreedByTwoLosses: _freed_twice(_fix_two_losses),
+    FreedCarried: _freed_twice(_fix_carried),
+    FreedKeptContainer: _freed_twice(_fix_kept_container),
+    FreedUnshared: _freed_twice(_fix_unshared),
+    FreedBuiltOnce: _freed_twice(_fix_built_once),
+    InplaceWrite: _inplace,
+    OptimizerStep: _optimizer_step,
+    SharedWrite: _shared_write,
+    DataWrite: _bypass,
+    NumpyWrite: _bypass,
+    Leftover: _leftover,
+    NoBackward: _no_backward,
+    NeverReached: _never_reached,
 }
+if set(_WORDS) != set(FACT_TYPES):  # a form without words (or words without a form)
+    raise RuntimeError(
+        f"findings wording out of step with the facts: {set(_WORDS) ^ set(FACT_TYPES)}"
+    )

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from typing import get_args
 
-from autograd_magic.analysis.findings.facts import Fact, SavedBy
+from autograd_magic.analysis.findings.facts import (
+    FACT_TYPES,
+    Fact,
+    FreedKeptContainer,
+    Leftover,
+    SavedBy,
+)
 from autograd_magic.analysis.findings.growth import (
     backward_through_freed,
     graph_growth,
@@ -35,13 +41,13 @@ def find_facts(trace: Trace) -> list[Fact]:
     freed = backward_through_freed(trace, graph)
     # A list whose old results broke the next backward is said once, with the error it caused
     # (and the fix that fits: empty it, not detach what a policy gradient needs).
-    emptied = {f.detail["container"] for f in freed if f.form == "kept-container"}
+    emptied = {f.container for f in freed if isinstance(f, FreedKeptContainer)}
     kept = [f for f in kept if f.holder not in emptied]
     unused = unused_graph(trace, graph)
     # A variable holding graphs no backward used is one finding, about the variable.
     kept_names = {f.holder for f in kept} | emptied
-    unused = [f for f in unused if f.form == "leftover" or f.holder not in kept_names]
-    facts = [
+    unused = [f for f in unused if isinstance(f, Leftover) or f.holder not in kept_names]
+    facts: list[Fact] = [
         *kept,
         *([] if cause is None else [cause]),
         *retained_graph(trace, graph, cause),
@@ -68,4 +74,4 @@ def find_facts(trace: Trace) -> list[Fact]:
     return sorted(facts, key=rank)
 
 
-__all__ = ["KINDS", "Fact", "SavedBy", "find_facts"]
+__all__ = ["FACT_TYPES", "KINDS", "Fact", "SavedBy", "find_facts"]

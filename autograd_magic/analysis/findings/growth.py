@@ -4,8 +4,19 @@ cause), retained-graph and backward-through-freed."""
 from __future__ import annotations
 
 from collections import Counter
+from typing import TypedDict
 
-from autograd_magic.analysis.findings.facts import Fact
+from autograd_magic.analysis.findings.facts import (
+    FreedBuiltOnce,
+    FreedByTwoLosses,
+    FreedCarried,
+    FreedKeptContainer,
+    FreedTwice,
+    FreedUnshared,
+    GraphGrowth,
+    Growth,
+    RetainedGraph,
+)
 from autograd_magic.analysis.findings.lifetime import holder_group, root_name
 from autograd_magic.analysis.findings.source import backward_receiver, reads_itself
 from autograd_magic.analysis.index import RecordIndex, retained_bytes_of
@@ -17,7 +28,7 @@ FREED_TWICE = "backward through the graph a second time"  # PyTorch's error for 
 
 
 # ----- graph-growth -----------------------------------------------------------------------
-def graph_growth(trace: Trace, graph: RecordIndex) -> Fact | None:
+def graph_growth(trace: Trace, graph: RecordIndex) -> GraphGrowth | None:
     """A value carried across iterations links each new graph to the one an earlier backward
     walked: the root cause of a growing graph, of retain_graph=True and of the optimizer error."""
     calls = [c for c in trace.backward_calls if c.earlier_nodes > 0 and not _freed_twice(c)]
@@ -31,23 +42,19 @@ def graph_growth(trace: Trace, graph: RecordIndex) -> Fact | None:
     holder = _carried_holder(trace, graph, site)
     ok = [c for c in calls if c.error is None]
     grew = len(ok) > 1 and ok[-1].graph_nodes > ok[0].graph_nodes
-    return Fact(
-        "graph-growth",
-        "carried",
-        line,
-        tuple(sorted({cell_line(c.site) for c in calls} - {line})),
-        holder,
-        trace.peak_retained_bytes,
+    return GraphGrowth(
+        line=line,
+        related_lines=tuple(sorted({cell_line(c.site) for c in calls} - {line})),
+        holder=holder,
+        nbytes=trace.peak_retained_bytes,
         reference=calls[-1].site,
         built=site,
         iterations=len(epochs[site]),
-        detail={
-            "earlier_nodes": calls[-1].earlier_nodes,
-            "grew": (ok[0].graph_nodes, ok[-1].graph_nodes, len(ok) + 1) if grew else None,
-            "tuple": holder is not None and is_tuple(trace, holder),
-            "retain": any(c.retain_graph for c in trace.backward_calls),
-            "writes_hit_saved": any(b.hit_buffers for b in trace.version_bumps),
-        },
+        earlier_nodes=calls[-1].earlier_nodes,
+        grew=Growth(ok[0].graph_nodes, ok[-1].graph_nodes, len(ok) + 1) if grew else None,
+        is_tuple=holder is not None and is_tuple(trace, holder),
+        retain_graph_used=any(c.retain_graph for c in trace.backward_calls),
+        writes_hit_saved=any(b.hit_buffers for b in trace.version_bumps),
     )
 
 
@@ -131,7 +138,9 @@ def _carried_holder(trace: Trace, graph: RecordIndex, site: Site) -> str | None:
 
 
 # ----- retained-graph ---------------------------------------------------------------------
-def retained_graph(trace: Trace, graph: RecordIndex, cause: Fact | None) -> list[Fact]:
+def retained_graph(
+    trace: Trace, graph: RecordIndex, cause: GraphGrowth | None
+) -> list[RetainedGraph]:
     """`retain_graph=True` calls whose kept buffers no later backward released; `cause` is the
     graph-growth fact that made them seem needed, when there is one."""
     retained: list[BackwardCall] = []
@@ -158,25 +167,23 @@ def retained_graph(trace: Trace, graph: RecordIndex, cause: Fact | None) -> list
         if not nbytes:
             continue
         facts.append(
-            Fact(
-                "retained-graph",
-                "retained",
-                line,
-                tuple(sorted({cell_line(b.saved_site) for b in kept})),
-                root_name(trace, calls[-1].root_ids),
-                nbytes,
+            RetainedGraph(
+                line=line,
+                related_lines=tuple(sorted({cell_line(b.saved_site) for b in kept})),
+                holder=root_name(trace, calls[-1].root_ids),
+                nbytes=nbytes,
                 cause=cause,
                 reference=calls[-1].site,
                 buffer_ids=tuple(b.id for b in kept),
                 # Every call counts, the one that raised too: the user ran the line that often.
-                detail={"times": len(every)},
+                times=len(every),
             )
         )
     return facts
 
 
 # ----- backward-through-freed -------------------------------------------------------------
-def backward_through_freed(trace: Trace, graph: RecordIndex) -> list[Fact]:
+def backward_through_freed(trace: Trace, graph: RecordIndex) -> list[FreedTwice]:
     """A backward that needed buffers an earlier backward had already released."""
     facts = []
     for index, call in enumerate(trace.backward_calls):
@@ -213,13 +220,27 @@ def _releaser(trace: Trace, shared: list[NodeRecord], index: int) -> BackwardCal
     return None
 
 
+class _FreedFields(TypedDict):
+    """The fields every backward-through-freed fact has, whichever fix fits."""
+
+    line: int | None
+    related_lines: tuple[int, ...]
+    holder: str | None
+    reference: Site
+    node_ids: tuple[int, ...]
+    buffer_ids: tuple[int, ...]
+    saved_lines: tuple[int, ...]
+    built_lines: tuple[int, ...]
+    releaser: Site | None
+
+
 def _freed_twice_fact(
     trace: Trace,
     graph: RecordIndex,
     call: BackwardCall,
     shared: list[NodeRecord],
     releaser: BackwardCall | None,
-) -> Fact:
+) -> FreedTwice:
     # A loss local to a function (`finish_episode`) has no holder at the end: its line names it.
     name = root_name(trace, call.root_ids) or backward_receiver(call.site)
     built_lines = tuple(sorted({cell_line(n.born_site) for n in shared}))
@@ -230,27 +251,23 @@ def _freed_twice_fact(
     ]
     saved_lines = tuple(sorted({cell_line(b.saved_site) for b in freed})) or built_lines
     releaser_lines = () if releaser is None else (cell_line(releaser.site),)
-    form, fix = _fix(trace, graph, call, shared, releaser)
     # Called inside a function (`finish_episode`): the line to look at is the inner one.
     line = call.site.line if call.site.outer_line not in (None, call.site.line) else None
     at = cell_line(call.site)
-    return Fact(
-        "backward-through-freed",
-        form,
-        at if line is None else line,
-        tuple(sorted({*releaser_lines, *built_lines, *saved_lines, at} - {line or at})),
-        name,
-        0,
+    fields = _FreedFields(
+        line=at if line is None else line,
+        related_lines=tuple(
+            sorted({*releaser_lines, *built_lines, *saved_lines, at} - {line or at})
+        ),
+        holder=name,
         reference=call.site,
         node_ids=tuple(n.id for n in shared),
         buffer_ids=tuple(b.id for b in freed),
-        detail={
-            "saved_lines": saved_lines if freed else (),
-            "built_lines": built_lines,
-            "releaser": None if releaser is None else releaser.site,
-            **fix,
-        },
+        saved_lines=saved_lines if freed else (),
+        built_lines=built_lines,
+        releaser=None if releaser is None else releaser.site,
     )
+    return _with_fix(trace, graph, call, shared, releaser, fields)
 
 
 def _kept_container(trace: Trace, shared: list[NodeRecord]) -> str | None:
@@ -263,34 +280,36 @@ def _kept_container(trace: Trace, shared: list[NodeRecord]) -> str | None:
     return held.most_common(1)[0][0] if held else None
 
 
-def _fix(
+def _with_fix(
     trace: Trace,
     graph: RecordIndex,
     call: BackwardCall,
     shared: list[NodeRecord],
     releaser: BackwardCall | None,
-) -> tuple[str, dict[str, object]]:
-    """Which usual fix applies, by how the graphs came to share a part, and what it names."""
+    fields: _FreedFields,
+) -> FreedTwice:
+    """The fact of the form whose usual fix applies, by how the graphs came to share a part."""
     roots = [n for n in map(graph.node, call.root_ids) if n is not None]
     if releaser is not None and roots and all(r.born_seq < releaser.seq for r in roots):
         # Two losses from one forward, backpropagated one after the other.
-        return "two-losses", {"first": root_name(trace, releaser.root_ids)}
+        return FreedByTwoLosses(**fields, first=root_name(trace, releaser.root_ids))
     container = _kept_container(trace, shared)
     if container is not None:
         # Results of earlier iterations kept in a list reach the next loss (REINFORCE's
         # `saved_log_probs` never emptied): the list is the cause, not a carried variable.
-        return "kept-container", {"container": container}
+        return FreedKeptContainer(**fields, container=container)
     carried = [n.born_site for n in shared if _built_in_two_epochs(trace, graph, n.born_site)]
     if carried:
         holder = _carried_holder(trace, graph, carried[-1]) or "h"
-        return "carried", {
-            "carried_line": cell_line(carried[-1]),
-            "carried": holder,
-            "tuple": is_tuple(trace, holder),
-        }
+        return FreedCarried(
+            **fields,
+            carried_line=cell_line(carried[-1]),
+            carried=holder,
+            is_tuple=is_tuple(trace, holder),
+        )
     if not shared:
-        return "unshared", {}
-    return "built-once", {"widest": _widest_holder(trace, graph, shared)}
+        return FreedUnshared(**fields)
+    return FreedBuiltOnce(**fields, widest=_widest_holder(trace, graph, shared))
 
 
 def _widest_holder(trace: Trace, graph: RecordIndex, shared: list[NodeRecord]) -> str | None:

@@ -7,9 +7,15 @@ import bisect
 from array import array
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
 
-from autograd_magic.analysis.findings.facts import Fact
+from autograd_magic.analysis.findings.facts import (
+    KeptChain,
+    KeptContainer,
+    Leftover,
+    NeverReached,
+    NoBackward,
+    UnusedGraphs,
+)
 from autograd_magic.analysis.findings.source import (
     attribute_store_site,
     store_site,
@@ -42,16 +48,18 @@ def root_name(trace: Trace, root_ids: tuple[int, ...]) -> str | None:
 
 
 # ----- kept-alive -------------------------------------------------------------------------
-def kept_alive(trace: Trace, graph: RecordIndex) -> list[Fact]:
+def kept_alive(trace: Trace, graph: RecordIndex) -> list[KeptChain | KeptContainer]:
     """User variables, container elements or attributes keeping graphs alive past their use."""
     groups: dict[str, list[NodeRecord]] = {}
     for holder in trace.holders:
         node = graph.node(holder.node_id)
         if node is not None and node.alive and node.name != ACCUMULATE_GRAD:
             groups.setdefault(holder_group(holder.path), []).append(node)
-    facts = []
+    facts: list[KeptChain | KeptContainer] = []
     for path, roots in groups.items():
-        fact = _kept_alive_chain(path, roots[0], graph) if len(roots) == 1 else None
+        fact: KeptChain | KeptContainer | None = (
+            _kept_alive_chain(path, roots[0], graph) if len(roots) == 1 else None
+        )
         if fact is None and ("[" in path or "." in path or len(roots) > 1):
             fact = _kept_alive_container(path, roots, graph)
         if fact is not None:
@@ -59,7 +67,7 @@ def kept_alive(trace: Trace, graph: RecordIndex) -> list[Fact]:
     return facts
 
 
-def _kept_alive_chain(path: str, root: NodeRecord, graph: RecordIndex) -> Fact | None:
+def _kept_alive_chain(path: str, root: NodeRecord, graph: RecordIndex) -> KeptChain | None:
     """A plain variable that adds each iteration's loss to itself (`total_loss += loss`)."""
     nodes = graph.live_reach([root.id])
     # Links made by an accumulator are never walked by a backward; a carried state's links are
@@ -79,21 +87,21 @@ def _kept_alive_chain(path: str, root: NodeRecord, graph: RecordIndex) -> Fact |
     built = root.born_site
     # Filled inside a function (a module's forward): the line to fix is the inner one.
     inner = built.outer_line is not None and built.outer_line != built.line
-    return Fact(
-        "kept-alive",
-        "chain",
-        built.line if inner else cell_line(built),
-        (cell_line(built),) if inner else (),
+    return KeptChain(
+        line=built.line if inner else cell_line(built),
+        related_lines=(cell_line(built),) if inner else (),
         holder=path,
         nbytes=nbytes,
         built=root.born_site,
         iterations=len(epochs),
         node_ids=tuple(sorted(nodes)),
-        detail={"fix": without_graph(built, path)},
+        fix=without_graph(built, path),
     )
 
 
-def _kept_alive_container(path: str, roots: list[NodeRecord], graph: RecordIndex) -> Fact | None:
+def _kept_alive_container(
+    path: str, roots: list[NodeRecord], graph: RecordIndex
+) -> KeptContainer | None:
     """Container elements or object attributes holding graphs after a backward used them."""
     nodes = graph.live_reach(n.id for n in roots)
     if all((n := graph.node(i)) is not None and n.name == ACCUMULATE_GRAD for i in nodes):
@@ -116,18 +124,17 @@ def _kept_alive_container(path: str, roots: list[NodeRecord], graph: RecordIndex
     related = {cell_line(r.born_site) for r in roots}
     if store is not None and store.outer_line is not None:
         related.add(store.outer_line)  # the call that reached the filling method
-    return Fact(
-        "kept-alive",
-        "container",
-        line,
-        tuple(sorted(related - {line})),
-        path,
-        nbytes,
+    return KeptContainer(
+        line=line,
+        related_lines=tuple(sorted(related - {line})),
+        holder=path,
+        nbytes=nbytes,
         reference=store,
         built=first.born_site,
         iterations=len(epochs),
         node_ids=tuple(sorted(nodes)),
-        detail={"roots": len(roots), "used": used},
+        roots=len(roots),
+        used=used,
     )
 
 
@@ -135,7 +142,7 @@ def _kept_alive_container(path: str, roots: list[NodeRecord], graph: RecordIndex
 _ADD = "AddBackward0"
 
 
-def unused_graph(trace: Trace, graph: RecordIndex) -> list[Fact]:
+def unused_graph(trace: Trace, graph: RecordIndex) -> list[Leftover | UnusedGraphs]:
     """Graphs built with saved tensors that no backward used, when they cost something a user
     would want back: a forward whose graph outlived the moment it was made (inference with grad
     on, a per-sample forward skipped), named at the line that built it. A metric computed from a
@@ -150,7 +157,7 @@ def unused_graph(trace: Trace, graph: RecordIndex) -> list[Fact]:
     roots = [n for n in unused.values() if n.id not in children]
     del children  # at the record cap each of these sets and dicts is a few MB: one at a time
     fed_a_backward = {n.born_site for n in trace.nodes if n.reached_by is not None}
-    facts = []
+    facts: list[Leftover | UnusedGraphs] = []
     for root in roots:
         if root.alive and root.born_site in fed_a_backward:
             fact = _leftover(trace, graph, root, unused)
@@ -253,7 +260,7 @@ def _building_line(graph: RecordIndex, part: set[int]) -> int:
 
 def _leftover(
     trace: Trace, graph: RecordIndex, root: NodeRecord, unused: dict[int, NodeRecord]
-) -> Fact | None:
+) -> Leftover | None:
     """A variable still holding results its line made after the last backward that used them
     (a partial batch left in `total_loss`): they never reach the gradients."""
     # Only a running sum (`total_loss += loss`, an add chain on one line) is a leftover.
@@ -271,21 +278,21 @@ def _leftover(
         return None
     part = graph.reach_within(root.id, unused)
     last = trace.backward_calls[-1]
-    return Fact(
-        "unused-graph",
-        "leftover",
-        cell_line(root.born_site),
-        (cell_line(last.site),),
-        holder,
-        retained_bytes_of(graph.buffers_of(part, live=True)),
+    return Leftover(
+        line=cell_line(root.born_site),
+        related_lines=(cell_line(last.site),),
+        holder=holder,
+        nbytes=retained_bytes_of(graph.buffers_of(part, live=True)),
         reference=last.site,
         built=root.born_site,
         node_ids=tuple(sorted(part)),
-        detail={"results": len(chain)},
+        results=len(chain),
     )
 
 
-def _which_graphs(trace: Trace, graph: RecordIndex, parts: list[set[int]]) -> dict[str, list[int]]:
+def _which_graphs(
+    trace: Trace, graph: RecordIndex, parts: list[set[int]]
+) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """Each holder's graphs among `parts`, by position in building order (0: the first built)."""
     first_seq = [min(graph.nodes[i].born_seq for i in part if i in graph.nodes) for part in parts]
     position = {}
@@ -297,10 +304,12 @@ def _which_graphs(trace: Trace, graph: RecordIndex, parts: list[set[int]]) -> di
             ranks = holds.setdefault(holder_group(h.path), [])
             if position[h.node_id] not in ranks:
                 ranks.append(position[h.node_id])
-    return {path: sorted(ranks) for path, ranks in holds.items()}
+    return tuple((path, tuple(sorted(ranks))) for path, ranks in holds.items())
 
 
-def _unused(trace: Trace, graph: RecordIndex, line: int, parts: list[set[int]], peak: int) -> Fact:
+def _unused(
+    trace: Trace, graph: RecordIndex, line: int, parts: list[set[int]], peak: int
+) -> UnusedGraphs:
     ids = set().union(*parts)
     nodes = [graph.nodes[i] for i in sorted(ids)]
     at_line = [n for n in nodes if cell_line(n.born_site) == line]
@@ -311,34 +320,31 @@ def _unused(trace: Trace, graph: RecordIndex, line: int, parts: list[set[int]], 
     candidates = own or held
     path = stored_holder(held) or (candidates[0] if candidates else None)
     holder = None if path is None else holder_group(path)
-    detail: dict[str, Any] = {
-        "graphs": len(parts),
-        "held": bool(holder) and any(graph.nodes[i].alive for i in ids if i in graph.nodes),
-        "holds": _which_graphs(trace, graph, parts),
-    }
+    graphs = len(parts)
+    still_held = bool(holder) and any(graph.nodes[i].alive for i in ids if i in graph.nodes)
+    holds = _which_graphs(trace, graph, parts)
     if not trace.backward_calls:
-        return Fact(
-            "unused-graph",
-            "no-backward",
-            line,
-            (),
-            holder,
-            peak,
+        return NoBackward(
+            line=line,
+            holder=holder,
+            nbytes=peak,
             built=built,
             node_ids=tuple(sorted(ids)),
-            detail=detail,
+            graphs=graphs,
+            held=still_held,
+            holds=holds,
         )
     roots = [n for n in nodes if n.freed_site is not None and not n.alive]
     freed_at = Counter(cell_line(n.freed_site) for n in roots if n.freed_site is not None)
-    detail["freed_at"] = freed_at.most_common(1)[0][0] if freed_at else None
-    return Fact(
-        "unused-graph",
-        "never-reached",
-        line,
-        tuple(sorted(set(freed_at) - {line})),
-        holder,
-        peak,
+    return NeverReached(
+        line=line,
+        related_lines=tuple(sorted(set(freed_at) - {line})),
+        holder=holder,
+        nbytes=peak,
         built=built,
         node_ids=tuple(sorted(ids)),
-        detail=detail,
+        graphs=graphs,
+        held=still_held,
+        holds=holds,
+        freed_at=freed_at.most_common(1)[0][0] if freed_at else None,
     )

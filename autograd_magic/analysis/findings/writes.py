@@ -3,9 +3,19 @@ shared-write and data-bypass."""
 
 from __future__ import annotations
 
-from autograd_magic.analysis.findings.facts import Fact, SavedBy
+from autograd_magic.analysis.findings.facts import (
+    Bypass,
+    DataWrite,
+    GraphGrowth,
+    InplaceWrite,
+    NumpyWrite,
+    OptimizerStep,
+    SavedBy,
+    SharedWrite,
+)
 from autograd_magic.analysis.findings.source import is_step_call, out_of_place, stepped_object
 from autograd_magic.analysis.index import RecordIndex
+from autograd_magic.analysis.storage import storage_groups
 from autograd_magic.model.records import VersionBump
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import cell_line, layer_pattern
@@ -23,11 +33,14 @@ def saved_by(graph: RecordIndex, bumps: list[VersionBump]) -> tuple[SavedBy, tup
     return SavedBy(tuple(owners), tuple(modules), lines), tuple(b.id for b in buffers)
 
 
-def inplace_on_saved(trace: Trace, graph: RecordIndex, cause: Fact | None) -> list[Fact]:
+def inplace_on_saved(
+    trace: Trace, graph: RecordIndex, cause: GraphGrowth | None
+) -> list[InplaceWrite | OptimizerStep]:
     """In-place writes to a tensor a live graph saved: the next backward through it will fail.
     One optimizer step that updates many saved parameters is one fact naming them all; `cause`
     is the graph-growth fact that makes the next backward reach the updated tensors."""
-    facts, seen = [], set()
+    facts: list[InplaceWrite | OptimizerStep] = []
+    seen = set()
     steps: dict[int, list[VersionBump]] = {}
     for bump in trace.version_bumps:
         key = (cell_line(bump.site), bump.label)
@@ -40,22 +53,18 @@ def inplace_on_saved(trace: Trace, graph: RecordIndex, cause: Fact | None) -> li
         saved, buffer_ids = saved_by(graph, [bump])
         # Written inside a function (a helper, a forward): the line to fix is the inner one.
         inner = bump.site.outer_line not in (None, bump.site.line)
+        line = bump.site.line if inner else key[0]
         facts.append(
-            Fact(
-                "inplace-on-saved",
-                "write",
-                bump.site.line if inner else key[0],
-                tuple(sorted({*saved.lines, key[0]} - {bump.site.line if inner else key[0]})),
-                bump.label,
-                0,
+            InplaceWrite(
+                line=line,
+                related_lines=tuple(sorted({*saved.lines, key[0]} - {line})),
+                holder=bump.label,
                 reference=bump.site,
                 buffer_ids=buffer_ids,
-                detail={
-                    "op": bump.op,
-                    "saved": saved,
-                    "fix": out_of_place(bump.site, bump.op),
-                    "failed": _failed_after(trace, bump),
-                },
+                op=bump.op,
+                saved=saved,
+                fix=out_of_place(bump.site, bump.op),
+                failed=_failed_after(trace, bump),
             )
         )
     facts += [
@@ -88,35 +97,35 @@ def _backpropagated_after(trace: Trace, graph: RecordIndex, bumps: list[VersionB
 
 
 def _optimizer_step(
-    trace: Trace, graph: RecordIndex, line: int, bumps: list[VersionBump], cause: Fact | None
-) -> Fact:
+    trace: Trace,
+    graph: RecordIndex,
+    line: int,
+    bumps: list[VersionBump],
+    cause: GraphGrowth | None,
+) -> OptimizerStep:
     """One fact for every saved parameter one optimizer step updated."""
     site = bumps[0].site
     saved, buffer_ids = saved_by(graph, bumps)
-    return Fact(
-        "inplace-on-saved",
-        "optimizer-step",
-        line,
-        saved.lines,
-        stepped_object(site) or bumps[0].label,
-        0,
+    return OptimizerStep(
+        line=line,
+        related_lines=saved.lines,
+        holder=stepped_object(site) or bumps[0].label,
         cause=cause,
         reference=site,
         buffer_ids=buffer_ids,
-        detail={
-            "labels": tuple(b.label for b in bumps),
-            "saved": saved,
-            "failed": _failed_after(trace, bumps[0]),
-        },
+        labels=tuple(b.label for b in bumps),
+        saved=saved,
+        failed=_failed_after(trace, bumps[0]),
     )
 
 
-def shared_write(trace: Trace, graph: RecordIndex) -> list[Fact]:
+def shared_write(trace: Trace, graph: RecordIndex) -> list[SharedWrite]:
     """In-place writes that also change another live tensor or array sharing the memory."""
     how: dict[str, str] = {}
-    for group in trace.storage_groups():
+    for group in storage_groups(trace.links, trace.labels, trace.alive_at_end):
         how.update(group.how)
-    facts, seen = [], set()
+    facts: list[SharedWrite] = []
+    seen = set()
     for bump in trace.version_bumps:
         label, sharers = bump.label, bump.sharers
         if bump.bypass and bump.bypassed and "#" in label:  # a write through `a.data`
@@ -130,23 +139,15 @@ def shared_write(trace: Trace, graph: RecordIndex) -> list[Fact]:
             (s, how[s] if how.get(s, "original") != "original" else None) for s in sharers
         )
         facts.append(
-            Fact(
-                "shared-write",
-                "write",
-                key[0],
-                (),
-                label,
-                0,
-                reference=bump.site,
-                detail={"op": bump.op, "sharers": others},
-            )
+            SharedWrite(line=key[0], holder=label, reference=bump.site, op=bump.op, sharers=others)
         )
     return facts
 
 
-def data_bypass(trace: Trace, graph: RecordIndex) -> list[Fact]:
+def data_bypass(trace: Trace, graph: RecordIndex) -> list[Bypass]:
     """Writes through `.data` or NumPy to memory autograd saved, invisible to its version check."""
-    facts, seen = [], set()
+    facts: list[Bypass] = []
+    seen = set()
     for bump in trace.version_bumps:
         if not (bump.bypass and bump.hit_buffers):
             continue
@@ -157,16 +158,14 @@ def data_bypass(trace: Trace, graph: RecordIndex) -> list[Fact]:
         seen.add((cell_line(bump.site), written))
         saved, buffer_ids = saved_by(graph, [bump])
         facts.append(
-            Fact(
-                "data-bypass",
-                "numpy" if numpy else "data",
-                cell_line(bump.site),
-                saved.lines,
-                bump.bypassed or None,
-                0,
+            (NumpyWrite if numpy else DataWrite)(
+                line=cell_line(bump.site),
+                related_lines=saved.lines,
+                holder=bump.bypassed or None,
                 reference=bump.site,
                 buffer_ids=buffer_ids,
-                detail={"written": written, "saved": saved},
+                written=written,
+                saved=saved,
             )
         )
     return facts
