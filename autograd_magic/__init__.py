@@ -22,8 +22,8 @@ from autograd_magic.model.records import (
     TimelineSample,
     VersionBump,
 )
-from autograd_magic.model.trace import Trace
 from autograd_magic.recorder.core import Recorder
+from autograd_magic.trace import Trace
 
 __version__ = "0.1.0"
 

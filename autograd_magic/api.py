@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from autograd_magic.recorder.core import Recorder, uninstall_this_thread
+from autograd_magic.trace import Trace
 
 
 def track(save: str | os.PathLike[str] | None = None, **options: Any) -> Recorder:
@@ -22,6 +23,7 @@ def track(save: str | os.PathLike[str] | None = None, **options: Any) -> Recorde
     (where to look up variable names), `name_budget_s`, `ignore_names` (namespace names that are
     not the user's, left out of the walk that names tensors).
     """
+    options.setdefault("trace", Trace())
     if save is not None:
         from autograd_magic.saving import save_trace
 

@@ -149,7 +149,7 @@ def _after_run(trace: Any, args: Any, output: str) -> None:
             from autograd_magic.views.text import render_text
 
             # The summary, findings and backward calls; the tables go in the full report.
-            print(render_text(trace, tables=False), file=sys.stderr, end="")
+            print(render_text(trace.report(), tables=False), file=sys.stderr, end="")
             print(f"autograd_magic: trace saved to {path}", file=sys.stderr)
             print(
                 f"autograd_magic: module tree and tables: python -m autograd_magic report "
@@ -163,7 +163,8 @@ def _after_run(trace: Any, args: Any, output: str) -> None:
             html_path = expand_path(args.html)
             html_path.parent.mkdir(parents=True, exist_ok=True)
             name = trace_name(path, run_info())
-            html_path.write_text(report_document([(name, trace)]), encoding="utf-8")
+            document = report_document([(name, trace.report())])
+            html_path.write_text(document, encoding="utf-8")
             print(f"autograd_magic: report written to {html_path}", file=sys.stderr)
     except Exception as error:
         print(f"autograd_magic: could not report the trace: {error!r}", file=sys.stderr)
@@ -187,7 +188,7 @@ def report(args: Any) -> int:
             trace, run = load_trace_file(name)
         except TraceFileError as error:
             raise UsageProblem(str(error)) from None
-        named.append((trace_name(Path(name), run), trace))
+        named.append((trace_name(Path(name), run), trace.report()))
     out = args.html
     if out is None and not args.text:
         out = _default_html(args.paths[0])

@@ -28,16 +28,22 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from autograd_magic.analysis.layout import DEFAULT_MAX_NODES
 from autograd_magic.api import track
 from autograd_magic.model.trace import Trace
 from autograd_magic.recorder import Recorder, sites
+from autograd_magic.report.build import ReportOptions, report_of
+from autograd_magic.report.model import DEFAULT_MAX_NODES, Report
 from autograd_magic.views.text import render_text
 
 # Frames of the notebook machinery around a cell are never the user's line.
 sites.not_user_code(("IPython", "ipykernel", "traitlets", "tornado", "zmq", "jupyter_client"))
 
 DEFAULT_REFRESH_S = 1.0
+BLOCK = "cell"  # what the reports call the traced code: here, always a cell
+
+
+def _report(trace: Trace, max_nodes: int = DEFAULT_MAX_NODES) -> Report:
+    return report_of(trace, ReportOptions(block=BLOCK, max_nodes=max_nodes))
 
 
 @magics_class
@@ -168,7 +174,7 @@ def _start(shell: Any, args: Any, body: CodeType) -> tuple[Recorder, Any, Any]:
     if not (args.no_live or args.text) and _widget_frontend(shell):
         from autograd_magic.views.panel import live_panel  # ipywidgets only for a panel
 
-        panel = live_panel(recorder, args.refresh, args.max_nodes)
+        panel = live_panel(recorder, args.refresh, args.max_nodes, BLOCK)
         handle = display(panel, display_id=True)
     return recorder, panel, handle
 
@@ -311,7 +317,7 @@ def _new_panel(trace: Trace, max_nodes: int) -> Any:
     """A panel for `trace` (live when a recorder calls its `live_update`)."""
     from autograd_magic.views import panel  # ipywidgets only when a panel is shown
 
-    return panel.TracePanel(trace, max_nodes=max_nodes)
+    return panel.TracePanel(trace, max_nodes=max_nodes, block=BLOCK)
 
 
 def _show(
@@ -327,7 +333,7 @@ def _show(
     user's own error."""
     try:
         if args.text:
-            print(render_text(trace))
+            print(render_text(_report(trace, args.max_nodes)))
         elif not widgets:
             display(_new_panel(trace, args.max_nodes))  # a terminal prints the text report
         else:
@@ -405,15 +411,13 @@ def trace_bundle(named: Sequence[tuple[str, Trace]], shell: Any) -> dict[str, An
 
     if not _in_kernel(shell):
         if len(named) == 1:
-            from autograd_magic.views.text import render_text
-
-            return {"text/plain": render_text(named[0][1])}
-        return {"text/plain": comparison_text(named)}
+            return {"text/plain": render_text(_report(named[0][1]))}
+        return {"text/plain": comparison_text([(name, _report(t)) for name, t in named])}
     from autograd_magic.views.panel import TracePanel, side_by_side_bundle
 
     if len(named) == 1:
-        return TracePanel(named[0][1])._repr_mimebundle_()
-    return side_by_side_bundle(named)
+        return TracePanel(named[0][1], block=BLOCK)._repr_mimebundle_()
+    return side_by_side_bundle(named, BLOCK)
 
 
 def show(traces: Sequence[Trace], names: Sequence[str] | None = None) -> None:

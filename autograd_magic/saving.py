@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autograd_magic.model.export import FORMAT, FORMAT_VERSION
-from autograd_magic.model.trace import Trace
+from autograd_magic.trace import Trace
 
 
 class TraceFileError(Exception):

@@ -1,0 +1,1 @@
+"""What a trace's records mean: `analyze(trace)` gives one `Analysis` (facts, derived tables)."""

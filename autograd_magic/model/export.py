@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from autograd_magic.model.records import (
@@ -36,8 +36,9 @@ if TYPE_CHECKING:
 
 FORMAT = "autograd_magic.trace"
 # 2: records carry `module`; module_calls and module_types added. 3: buffers carry `held_by`.
-FORMAT_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)  # a version-1 export reads as a trace without module attribution
+# 4: findings are stored as the analysis's facts (no words), with the source lines they cite.
+FORMAT_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)  # a version-1 export reads as a trace without module attribution
 
 
 def to_networkx(nodes: Iterable[NodeRecord], buffers: Iterable[SavedBuffer]) -> networkx.DiGraph:
@@ -95,7 +96,6 @@ _LISTS: dict[str, type] = {
     "links": AliasLink,
     "version_bumps": VersionBump,
     "backward_calls": BackwardCall,
-    "findings": Finding,
     "blindspots": Blindspot,
     "holders": Holder,
 }
@@ -110,8 +110,14 @@ def _plain(record: Any) -> dict[str, Any]:
     return out
 
 
-def trace_to_json(fields: Mapping[str, Any]) -> str:
-    """Serialize every record and counter of a trace, given its fields by name (`vars(trace)`)."""
+def trace_to_json(
+    fields: Mapping[str, Any],
+    facts: Sequence[Mapping[str, Any]] = (),
+    sources: Mapping[str, Sequence[str]] | None = None,
+) -> str:
+    """Serialize every record and counter of a trace, given its fields by name (`vars(trace)`),
+    with the analysis's `facts` as plain JSON data and the `sources` (file -> lines) they cite,
+    so that a loaded trace words them as the live one did."""
     document: dict[str, Any] = {"format": FORMAT, "version": FORMAT_VERSION}
     document.update({name: fields[name] for name in _SCALARS})
     site = fields["error_site"]
@@ -125,6 +131,8 @@ def trace_to_json(fields: Mapping[str, Any]) -> str:
     document["module_types"] = dict(fields["module_types"])
     alive = fields["alive_at_end"]
     document["alive_at_end"] = None if alive is None else sorted(alive)
+    document["facts"] = [dict(f) for f in facts]
+    document["sources"] = {file: list(lines) for file, lines in (sources or {}).items()}
     return json.dumps(document)
 
 
@@ -159,6 +167,19 @@ def trace_fields(text: str) -> dict[str, Any]:
     for name, cls in _LISTS.items():
         values = check_list(document, name, max_records)
         fields[name] = [build_record(cls, v, f"{name}[{i}]") for i, v in enumerate(values)]
+    if version < 4:  # worded when saved; shown as they were
+        values = check_list(document, "findings", max_records)
+        fields["stored_findings"] = [
+            build_record(Finding, v, f"findings[{i}]") for i, v in enumerate(values)
+        ]
+    else:  # decoded (and checked) by the analysis, which owns the facts' forms
+        facts = check_list(document, "facts", max_records)
+        for i, fact in enumerate(facts):
+            if type(fact) is not dict:
+                raise ValueError(f"facts[{i}]: expected an object, got {type(fact).__name__}")
+        fields["stored_facts"] = facts
+        sources = check_value(document.get("sources"), dict[str, tuple[str, ...]], "sources")
+        fields["sources"] = {file: list(lines) for file, lines in sources.items()}
     if version < 3:  # counted by PyTorch's leaf flag then: a leaf's bytes were not retained
         for buffer in fields["buffers"]:
             if buffer.is_leaf:
@@ -183,7 +204,8 @@ def trace_fields(text: str) -> dict[str, Any]:
 def _required_keys(version: int) -> tuple[str, ...]:
     """The top-level fields every export of `version` writes (`trace_to_json`'s keys)."""
     keys = (*_SCALARS, "error_site", *_LISTS, "timeline", "labels", "object_kinds", "alive_at_end")
-    return (*keys, "module_calls", "module_types") if version >= 2 else keys
+    keys = (*keys, "module_calls", "module_types") if version >= 2 else keys
+    return (*keys, "facts", "sources") if version >= 4 else (*keys, "findings")
 
 
 def _sample(values: Any, where: str) -> TimelineSample:

@@ -2,38 +2,30 @@
 
 Read-only data for everyone but the recorder's `TraceWriter`, which fills it while the block runs
 and freezes it when the block ends. Holds no reference to user tensors, arrays or nodes: only
-records and integers, and no cache: the few derived tables it offers (`modules()`,
-`storage_groups()`, `graph()`) are computed on each call by functions over the records; a view
-that needs them several times computes them once (see `autograd_magic.views.report`).
-`Trace.from_records` builds one from records (JSON loading, tests).
+records and integers. Nothing derived and no words: the analysis (`autograd_magic.analysis`)
+reads it, and `autograd_magic.trace.Trace` adds the reading API users call (`findings`,
+`modules()`, `storage_groups()`, `graph()`). `Trace.from_records` builds one from records.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import Any
 
-from autograd_magic.model.export import to_networkx, trace_fields, trace_to_json
-from autograd_magic.model.module_stats import module_stats
 from autograd_magic.model.records import (
     AliasLink,
     BackwardCall,
     Blindspot,
     Finding,
     Holder,
-    ModuleStats,
     NodeRecord,
     SavedBuffer,
     Site,
     Snapshot,
-    StorageGroup,
     TimelineSample,
     VersionBump,
 )
-from autograd_magic.model.storage import object_label, storage_groups
-
-if TYPE_CHECKING:
-    import networkx
+from autograd_magic.model.units import object_label
 
 DEFAULT_MAX_RECORDS = 100_000
 DEFAULT_MAX_TIMELINE = 20_000
@@ -52,7 +44,11 @@ class Trace:
         self.version_bumps: list[VersionBump] = []
         self.backward_calls: list[BackwardCall] = []
         self.timeline: list[TimelineSample] = []
-        self.findings: list[Finding] = []
+        # What a loaded file stored: the analysis's facts (format 4, as plain JSON data the
+        # analysis decodes) or, in files of formats 1-3, worded findings. None: not stored.
+        self.stored_facts: list[Any] | None = None
+        self.stored_findings: list[Finding] | None = None
+        self.sources: dict[str, list[str]] = {}  # a loaded file's cited source lines, by file
         self.blindspots: list[Blindspot] = []
         self.holders: list[Holder] = []
         self.labels: dict[int, str] = {}
@@ -140,31 +136,10 @@ class Trace:
         """The saved buffers a node owns."""
         return [b for b in self.buffers if b.node_id == node_id]
 
-    def modules(self) -> list[ModuleStats]:
-        """One entry per nn.Module that ran in the block, most saved bytes first."""
-        return module_stats(self.nodes, self.buffers, self.module_calls, self.module_types)
-
-    def storage_groups(self) -> list[StorageGroup]:
-        """Groups of tensors/arrays that share memory, with how each joined and copies beside."""
-        return storage_groups(self.links, self.labels, self.alive_at_end)
-
-    def graph(self) -> networkx.DiGraph:
-        """The recorded autograd graph; edges point from a node to its `next_functions`."""
-        return to_networkx(self.nodes, self.buffers)
-
-    def to_json(self) -> str:
-        """A complete, versioned JSON export (see `Trace.from_json`)."""
-        return trace_to_json({**vars(self), "retained_bytes": self.retained_bytes})
-
-    @classmethod
-    def from_json(cls, text: str) -> Trace:
-        """Load an export without executing anything."""
-        return cls.from_records(**trace_fields(text))
-
     def __repr__(self) -> str:
         s = self.snapshot()
         return (
             f"<Trace nodes={self.nodes_created} live={s.live_nodes} "
             f"retained={s.retained_bytes}B peak={s.peak_retained_bytes}B "
-            f"backward_calls={len(self.backward_calls)} findings={len(self.findings)}>"
+            f"backward_calls={len(self.backward_calls)}>"
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from autograd_magic.model.records import Site
 
@@ -46,3 +47,8 @@ def describe_error(error: BaseException) -> str:
         return str(error)
     except Exception:
         return f"<{type(error).__name__} whose text could not be read>"
+
+
+def object_label(labels: Mapping[int, str], object_id: int) -> str:
+    """The user's name for a tracked tensor or array, else its op label (`object#7`)."""
+    return labels.get(object_id, f"object#{object_id}")

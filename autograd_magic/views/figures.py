@@ -1,4 +1,4 @@
-"""Matplotlib renderers of a `Trace`: the memory timeline and the layered autograd graph.
+"""Matplotlib renderers of a report: the memory timeline and the layered autograd graph.
 
 Figures are built from `matplotlib.figure.Figure` directly, never through pyplot, so nothing is
 registered globally and a figure is freed with its last reference. The graph is drawn from a
@@ -18,9 +18,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, MaxNLocator, MultipleLocator
 
-from autograd_magic.analysis.layout import Box, GraphView
-from autograd_magic.model.trace import Trace
+from autograd_magic.model.records import BackwardCall
 from autograd_magic.model.units import format_bytes
+from autograd_magic.report.model import Box, GraphView, Timeline
 from autograd_magic.views.graph_labels import draw_labels
 from autograd_magic.views.series import envelope, x_axis
 
@@ -127,7 +127,7 @@ def _legend(ax: Any, view: GraphView, left_out: int = 0) -> None:
 
 
 def timeline_figure(
-    trace: Trace, width: float = 9.0, height: float = 3.8, dpi: int = 100
+    timeline: Timeline, width: float = 9.0, height: float = 3.8, dpi: int = 100
 ) -> Figure:
     """Live nodes (top) and retained bytes (bottom) over steps (when the block called backward
     `MIN_STEPS` times or more: step k ends with backward call k) or over recorded events; drawn as
@@ -137,14 +137,14 @@ def timeline_figure(
     fig = Figure(figsize=(width, height))
     fig.subplots_adjust(left=0.9 / width, right=1 - 0.2 / width, bottom=0.5 / height, top=0.93)
     fig.subplots_adjust(hspace=0.15)
-    samples = trace.timeline
+    samples = timeline.samples
     if not samples:
         ax = fig.add_subplot()
         ax.set_axis_off()
         ax.text(0.5, 0.5, "Nothing recorded yet", ha="center", transform=ax.transAxes, color=INK)
         return fig
     seqs = numpy.fromiter((s.seq for s in samples), float, len(samples))
-    x, xlabel, _ = x_axis(trace, seqs)
+    x, xlabel, _ = x_axis(timeline.backward_calls, seqs)
     ax, ax2 = fig.subplots(2, 1, sharex=True)
     columns = int(width * dpi * 0.8)  # the plot area's width in pixels, about
     live = numpy.fromiter((s.live_nodes for s in samples), float, len(samples))
@@ -169,15 +169,11 @@ def timeline_figure(
             loc="left",
         )
     xs = dict(zip((s.seq for s in samples), x.tolist(), strict=True))
-    labels = _mark_backward(ax, trace, seqs, x)
+    labels = _mark_backward(ax, timeline.backward_calls, seqs, x)
     if not envelope:
         _mark_drops(ax, samples, xs)
-    if trace.error:
-        line = (
-            samples[-1].line
-            if trace.error_site is None
-            else trace.error_site.outer_line or trace.error_site.line
-        )
+    if timeline.error_line is not None:
+        line = timeline.error_line
         for axis in (ax, ax2):
             axis.axvline(x[-1], color=ERROR_COLOR, ls="--", lw=1.2)
         labels.append((float(x[-1]), f"error L{line}", ERROR_COLOR))
@@ -264,10 +260,11 @@ def _place_vlabels(ax: Any, labels: list[VLabel]) -> None:
         )
 
 
-def _mark_backward(ax: Any, trace: Trace, seqs: numpy.ndarray, x: numpy.ndarray) -> list[VLabel]:
+def _mark_backward(
+    ax: Any, calls: list[BackwardCall], seqs: numpy.ndarray, x: numpy.ndarray
+) -> list[VLabel]:
     """Shade each backward call when there are few (a step axis already shows many); their
     labels, at most 12, first occurrence of each line first."""
-    calls = trace.backward_calls
     labels: list[VLabel] = []
     if len(calls) > 30:
         return labels

@@ -10,8 +10,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from autograd_magic.analysis.layout import Box
 from autograd_magic.model.units import ACCUMULATE_GRAD, format_bytes
+from autograd_magic.report.model import Box
 
 
 def draw_labels(

@@ -1,7 +1,7 @@
-"""Static HTML of a `Trace`: what saved notebooks, nbconvert and frontends without widgets show.
+"""Static HTML of a `Report`: what saved notebooks, nbconvert and frontends without widgets show.
 
-Plain strings built from the model and the text view's sentences and tables; figures are embedded
-as PNG. Never imports ipywidgets (the panel builds on these pieces, not the reverse).
+Plain strings lowered from the report's status, sentences and tables; figures are embedded as
+PNG. Never imports ipywidgets (the panel builds on these pieces, not the reverse).
 """
 
 from __future__ import annotations
@@ -10,20 +10,7 @@ import base64
 import html
 import io
 
-from autograd_magic.analysis.layout import DEFAULT_MAX_NODES, graph_view
-from autograd_magic.model.trace import Trace
-from autograd_magic.views.text import (
-    MAX_TABLE_ROWS,
-    ReportTables,
-    Sentence,
-    Table,
-    backward_sentences,
-    report_tables,
-    sentences,
-    summary_items,
-)
-
-STATIC_TABLE_ROWS = 20  # saved notebook outputs stay small; the widget shows more
+from autograd_magic.report.model import STATIC_TABLE_ROWS, Report, Sentence, Status, Table
 
 # JupyterLab theme variables keep the panel readable in light and dark themes; the fallbacks
 # serve static HTML outside JupyterLab.
@@ -43,34 +30,29 @@ MARKS = {
 FLAG_STYLE = "color:var(--jp-warn-color1,#e65100);font-weight:bold"
 
 
-def join_items(items: list[str]) -> str:
-    return ", ".join(items[:20]) + (f" and {len(items) - 20} more" if len(items) > 20 else "")
-
-
 def div(inner: str, style: str = "") -> str:
     return f'<div style="{TEXT_STYLE};{style}">{inner}</div>'
 
 
-def status_html(trace: Trace) -> str:
-    if trace.error:
+def status_html(status: Status) -> str:
+    if status.state == "error":
         # The findings give PyTorch's text (the traceback too): here only its type and line.
-        kind = trace.error.split(":", 1)[0]
-        at = "" if trace.error_site is None else f" at {html.escape(trace.error_site.describe())}"
-        text = f"Stopped by {html.escape(kind)}{at}"
+        at = f" at {html.escape(status.error_where)}" if status.error_where else ""
+        text = f"Stopped by {html.escape(status.error_type)}{at}"
         return div(f"<b>autograd_magic</b> &mdash; {text}", MARKS["error"])
-    if trace.finished:
+    if status.state == "finished":
         return div("<b>autograd_magic</b> &mdash; finished", MARKS["note"])
-    last = trace.timeline[-1].line if trace.timeline else None
+    last = status.last_line
     where = f", last event at line {last}" if last else ""
     return div(f"<b>autograd_magic</b> &mdash; running{where}&hellip;", MARKS["finding"])
 
 
-def summary_html(trace: Trace) -> str:
+def summary_html(summary: tuple[tuple[str, str], ...]) -> str:
     cells = "".join(
         f'<div style="padding:2px 14px 2px 0">'
         f'<span style="{MUTED_STYLE}">{html.escape(label)}</span>'
         f"<br><b>{html.escape(value)}</b></div>"
-        for label, value in summary_items(trace)
+        for label, value in summary
     )
     return div(cells, "display:flex;flex-wrap:wrap;margin:4px 0")
 
@@ -92,7 +74,8 @@ def first_rows(table: Table, limit: int = STATIC_TABLE_ROWS, live_rows: int | No
         return table
     note = f"Showing {limit} of {len(table.rows):,} rows in this saved output"
     note += f"; the live panel lists up to {live_rows:,}." if live_rows else "."
-    return Table(table.title, table.headers, table.rows[:limit], f"{note} {table.note}".strip())
+    note = f"{note} {table.note}".strip()
+    return Table(table.title, table.headers, table.rows[:limit], note, table.flag)
 
 
 NOWRAP_CHARS = 32
@@ -115,8 +98,10 @@ def _nowrap(text: str) -> str:
     return ";white-space:nowrap" if len(text) <= NOWRAP_CHARS else ""
 
 
-def table_html(table: Table, flag_column: int | None = None) -> str:
-    """A bordered HTML table; rows with a non-empty `flag_column` are flagged."""
+def table_html(table: Table) -> str:
+    """A bordered HTML table; rows with a non-empty cell in the table's `flag` column are
+    flagged."""
+    flag_column = table.flag
     if not table.rows:
         return div(f"<b>{html.escape(table.title)}</b>: none", "margin:6px 0")
     cell = f"border:1px solid {BORDER};padding:2px 6px;text-align:left"
@@ -162,48 +147,38 @@ def png_img_html(png: bytes, alt: str) -> str:
 
 
 def page(
-    trace: Trace,
-    timeline_png: bytes = b"",
-    graph_png: bytes = b"",
-    graph_note: str = "",
-    tables: ReportTables | None = None,
-    live_rows: int | None = MAX_TABLE_ROWS,
+    report: Report, timeline_png: bytes = b"", graph_png: bytes = b"", graph_note: str = ""
 ) -> str:
-    """The whole view as one HTML fragment: status, summary, findings, timeline, backward calls,
-    graph and (cut) tables; pictures given as PNG bytes are embedded. `live_rows`: the rows a
-    live panel beside it lists (None: there is none)."""
+    """The whole report as one HTML fragment: status, summary, findings, timeline, backward
+    calls, graph and (cut) tables; pictures given as PNG bytes are embedded."""
     parts = [
-        status_html(trace),
-        summary_html(trace),
-        sentences_html(sentences(trace), "Findings"),
+        status_html(report.status),
+        summary_html(report.summary),
+        sentences_html(list(report.sentences), "Findings"),
     ]
     if timeline_png:
         parts.append(png_img_html(timeline_png, "memory timeline"))
-    calls = first_sentences(backward_sentences(trace), "backward calls")
+    calls = first_sentences(list(report.backward_calls), "backward calls")
     parts.append(sentences_html(calls, "Backward calls"))
     if graph_png:
         parts += [
             div(html.escape(graph_note), MUTED_STYLE),
             png_img_html(graph_png, "autograd graph"),
         ]
-    if trace.finished:
-        named = tables or report_tables(trace)
-        parts += [
-            table_html(first_rows(t, live_rows=live_rows), flag) for t, flag in named.flagged()
-        ]
+    if report.finished:
+        live = report.live_rows
+        parts += [table_html(first_rows(t, live_rows=live)) for t in report.page_tables()]
     return f'<div style="{TEXT_STYLE}">' + "".join(parts) + "</div>"
 
 
-def static_html(trace: Trace, max_nodes: int = DEFAULT_MAX_NODES) -> str:
-    """The finished view of `trace` as static HTML, drawing the timeline and graph pictures."""
+def static_html(report: Report) -> str:
+    """The finished report as static HTML, drawing the timeline and graph pictures."""
     from autograd_magic.views.figures import figure_png, graph_figure, timeline_figure
 
-    view = graph_view(trace, max_nodes)
-    note = view.note or f"All {view.total_nodes:,} recorded nodes are shown."
+    view = report.graph.view
     return page(
-        trace,
-        figure_png(timeline_figure(trace)),
+        report,
+        figure_png(timeline_figure(report.timeline)),
         figure_png(graph_figure(view)),
-        note,
-        live_rows=None,
+        report.graph.note(view),
     )

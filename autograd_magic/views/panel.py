@@ -1,7 +1,9 @@
-"""`TracePanel`: the ipywidgets 8 view of one `Trace`, live while the cell runs, and its static
-HTML/text fallback for frontends without widgets. The only module that imports ipywidgets.
+"""`TracePanel`: the ipywidgets 8 view of one `Trace`'s report, live while the cell runs, and
+its static HTML/text fallback for frontends without widgets. The only module that imports
+ipywidgets.
 
-The panel reads the trace's records only; it never holds a user tensor.
+At each refresh the panel asks for the trace's report and lowers it; its tabs are the report's
+sections by id. It reads records only and never holds a user tensor.
 """
 
 from __future__ import annotations
@@ -14,36 +16,34 @@ from typing import Any, Protocol
 
 import ipywidgets as widgets
 
-from autograd_magic.analysis.layout import DEFAULT_MAX_NODES, OPS, GraphView, graph_view
 from autograd_magic.model.trace import Trace
-from autograd_magic.model.units import format_bytes
+from autograd_magic.report.build import ReportOptions, report_of
+from autograd_magic.report.model import (
+    DEFAULT_MAX_NODES,
+    OPS,
+    GraphView,
+    Report,
+    SectionId,
+    Timeline,
+)
 from autograd_magic.views.figures import figure_png, graph_figure, timeline_figure
 from autograd_magic.views.html import (
     MUTED_STYLE,
     div,
-    join_items,
     page,
     sentences_html,
     status_html,
     summary_html,
     table_html,
 )
-from autograd_magic.views.series import MIN_STEPS, sparkline_png
-from autograd_magic.views.text import (
-    ReportTables,
-    backward_sentences,
-    buffer_table,
-    render_text,
-    report_tables,
-    sentences,
-)
+from autograd_magic.views.series import sparkline_png
+from autograd_magic.views.text import render_text
 
 TIMELINE_COST_GUESS_S = 0.01  # the live sparkline takes milliseconds (the figure, 0.2 s)
 NUMBERS_SHARE = 0.25  # of the live budget, for refreshes of the numbers alone
 PANEL_CLASS = "autograd-magic-panel"
 STATIC_CLASS = "autograd-magic-static"
-_TAB_NAMES = ("Timeline", "Modules", "Graph", "Buffers", "Storage", "Versions")
-GRAPH_TAB = 2
+TABS = tuple(SectionId)  # the tabs, in the report's section order
 
 
 class TracePanel:
@@ -58,21 +58,25 @@ class TracePanel:
     """
 
     def __init__(
-        self, trace: Trace, max_nodes: int = DEFAULT_MAX_NODES, live_budget: float = 0.04
+        self,
+        trace: Trace,
+        max_nodes: int = DEFAULT_MAX_NODES,
+        live_budget: float = 0.04,
+        block: str = "cell",
     ) -> None:
         self.trace = trace
         self.max_nodes = max_nodes
+        self.options = ReportOptions(block=block, max_nodes=max_nodes, live_panel=True)
+        self.report: Report  # the trace's report at the last refresh (set by `_render`)
         self.live_budget = live_budget
         self.view: GraphView | None = None
         self.live_renders = 0
         self._closed = False  # set by close(): later live updates do nothing
         self._timeline_png = b""
         self._graph_png = b""
-        self._tables: ReportTables | None = None
         self._text: str | None = None  # the text report of the finished trace, made once
-        self._default_view = False  # whether `view` is the one the text report draws
         self._graph_note = ""
-        self._built: set[str] = set()  # "graph", "tables": lazy sections already filled
+        self._built: set[SectionId] = set()  # lazy sections already filled
         self._started = time.monotonic()
         self._spent_numbers = self._spent_timeline = 0.0
         self._timeline_cost = TIMELINE_COST_GUESS_S  # until one is drawn
@@ -92,26 +96,27 @@ class TracePanel:
         self.depth_select = widgets.Dropdown(
             options=[("every op", OPS)], value=OPS, description="Modules:"
         )
-        self.buffers, self.storage, self.versions = html_widget(), html_widget(), html_widget()
-        self.modules = html_widget()
+        # A section of tables is one HTML widget holding them (tests read `.value`).
+        self.tables = {s: html_widget() for s in TABS if s not in _DRAWN}
+        self.modules = self.tables[SectionId.MODULES]
+        self.buffers = self.tables[SectionId.BUFFERS]
+        self.storage = self.tables[SectionId.STORAGE]
+        self.versions = self.tables[SectionId.VERSIONS]
+        drawn = {
+            SectionId.TIMELINE: widgets.VBox([self.timeline_note, self.timeline_image, self.calls]),
+            SectionId.GRAPH: widgets.VBox(
+                [
+                    self.graph_note,
+                    self.depth_select,
+                    self.graph_image,
+                    self.node_select,
+                    self.node_details,
+                ]
+            ),
+        }
         self.tabs = widgets.Tab(
-            children=[
-                widgets.VBox([self.timeline_note, self.timeline_image, self.calls]),
-                self.modules,
-                widgets.VBox(
-                    [
-                        self.graph_note,
-                        self.depth_select,
-                        self.graph_image,
-                        self.node_select,
-                        self.node_details,
-                    ]
-                ),
-                self.buffers,
-                self.storage,
-                self.versions,
-            ],
-            titles=_TAB_NAMES,
+            children=[drawn.get(s) or self.tables[s] for s in TABS],
+            titles=tuple(s.value for s in TABS),
         )
         self.widget = widgets.VBox([self.status, self.summary, self.findings, self.tabs])
         self.widget.add_class(PANEL_CLASS)  # lets the static copy hide beside a live panel
@@ -149,18 +154,17 @@ class TracePanel:
         self._render(final=True, timeline=True)
 
     def _render(self, final: bool, timeline: bool) -> None:
-        trace = self.trace
-        found = sentences(trace)
+        self.report = report = report_of(self.trace, self.options)
         changes: list[tuple[Any, str, Any]] = [
-            (self.status, "value", status_html(trace)),
-            (self.summary, "value", summary_html(trace)),
-            (self.findings, "value", sentences_html(found, "Findings")),
+            (self.status, "value", status_html(report.status)),
+            (self.summary, "value", summary_html(report.summary)),
+            (self.findings, "value", sentences_html(list(report.sentences), "Findings")),
         ]
         if timeline:
             start = time.monotonic()
-            self._timeline_png, note = _timeline_png(trace, live=not final)
+            self._timeline_png, note = _timeline_png(report.timeline, live=not final)
             changes.append((self.timeline_note, "value", note))
-            if trace.timeline:  # the placeholder costs nothing and says nothing about the next
+            if report.timeline.samples:  # the placeholder costs nothing, says nothing of the next
                 # The cheapest draw so far: the first pays one-off costs (fonts, caches), and
                 # the envelope keeps later draws at a size-independent cost.
                 cost = time.monotonic() - start
@@ -168,61 +172,41 @@ class TracePanel:
                 self._drawn = True
             changes.append((self.timeline_image, "value", self._timeline_png))
         # With the numbers, not the picture: a count above must not run ahead of the list.
-        changes.append(
-            (self.calls, "value", sentences_html(backward_sentences(trace), "Backward calls"))
-        )
+        calls = sentences_html(list(report.backward_calls), "Backward calls")
+        changes.append((self.calls, "value", calls))
         if final:
             changes.extend(self._final_changes())
         self._apply(changes)
 
     def _final_changes(self) -> list[tuple[Any, str, Any]]:
-        trace = self.trace
         self._built.clear()
         self._text = None
-        counts = (
-            len(trace.backward_calls),
-            len(trace.modules()),
-            len(trace.nodes),
-            len(trace.buffers),
-            len(trace.storage_groups()),
-            len(trace.version_bumps),
-        )
-        changes: list[tuple[Any, str, Any]] = [
-            (
-                self.tabs,
-                "titles",
-                tuple(f"{n} ({c:,})" for n, c in zip(_TAB_NAMES, counts, strict=True)),
-            )
-        ]
+        titles = tuple(section.title for section in self.report.sections)
+        changes: list[tuple[Any, str, Any]] = [(self.tabs, "titles", titles)]
         if self.tabs.selected_index not in (None, 0):
-            changes += self._lazy_changes(self.tabs.selected_index)
+            changes += self._lazy_changes(TABS[self.tabs.selected_index])
         return changes
 
-    def _lazy_changes(self, tab: int) -> list[tuple[Any, str, Any]]:
-        """The content of tab `tab` of a finished trace, built on first need."""
-        if not self.trace.finished:
+    def _lazy_changes(self, section: SectionId) -> list[tuple[Any, str, Any]]:
+        """The content of `section` of a finished trace, built on first need."""
+        if not self.report.finished or section in self._built:
             return []
-        if tab == GRAPH_TAB and "graph" not in self._built:
-            self._built.add("graph")
+        if section is SectionId.GRAPH:
+            self._built.add(section)
             return self._graph_changes(None)
-        if tab not in (0, GRAPH_TAB) and "tables" not in self._built:
-            self._built.add("tables")
-            self._tables = tables = report_tables(self.trace)
-            buffers = table_html(tables.buffer_totals) + table_html(tables.buffers)
-            return [
-                (self.modules, "value", table_html(tables.modules)),
-                (self.buffers, "value", buffers),
-                (self.storage, "value", table_html(tables.storage)),
-                (self.versions, "value", table_html(tables.versions, tables.versions_flag)),
-            ]
+        if section in self.tables:
+            self._built.add(section)
+            tables = self.report.section(section).tables
+            value = "".join(table_html(self.report.table(t)) for t in tables)
+            return [(self.tables[section], "value", value)]
         return []
 
     def _graph_changes(self, depth: int | None) -> list[tuple[Any, str, Any]]:
         """The graph at module `depth` (None: the readable default): picture, note, choices."""
-        self.view = view = graph_view(self.trace, self.max_nodes, depth)
-        self._default_view = depth is None and self.max_nodes == DEFAULT_MAX_NODES
+        graph = self.report.graph
+        self.view = view = graph.view if depth is None else graph.view_at(depth)
         self._graph_png = figure_png(graph_figure(view))
-        self._graph_note = view.note or f"All {view.total_nodes:,} recorded nodes are shown."
+        self._graph_note = graph.note(view)
         depths = [(f"depth {d}", d) for d in range(1, view.max_depth + 1)]
         return [
             (self.graph_image, "value", self._graph_png),
@@ -236,7 +220,7 @@ class TracePanel:
 
     def _on_tab(self, change: dict[str, Any]) -> None:
         if change["new"] is not None:
-            self._apply(self._lazy_changes(change["new"]))
+            self._apply(self._lazy_changes(TABS[change["new"]]))
 
     def _on_depth(self, change: dict[str, Any]) -> None:
         if self.view is not None and change["new"] != self.view.depth:
@@ -244,14 +228,14 @@ class TracePanel:
 
     def show_depth(self, depth: int) -> None:
         """Redraw the graph with one box per module at `depth` (`OPS`: every op)."""
-        self._built.add("graph")
+        self._built.add(SectionId.GRAPH)
         self._apply(self._graph_changes(depth))
         self.node_details.value = ""
 
     def ensure_built(self) -> None:
         """Fill every lazy section now (the static copy shows them all)."""
-        for tab in (GRAPH_TAB, 1):
-            self._apply(self._lazy_changes(tab))
+        for section in TABS:
+            self._apply(self._lazy_changes(section))
 
     def _apply(self, changes: list[tuple[Any, str, Any]]) -> None:
         """Set traits with one state message per widget (hold_sync batches each widget)."""
@@ -270,18 +254,10 @@ class TracePanel:
         if view is None or index is None or not 0 <= index < len(view.boxes):
             self.node_details.value = ""
             return
-        box = view.boxes[index]
-        by_id = {n.id: n for n in self.trace.nodes}
-        records = [r for r in (by_id.get(m) for m in box.members) if r is not None]
-        born = sorted({r.born_site.describe() for r in records})
-        freed = sorted({r.freed_site.describe() for r in records if r.freed_site is not None})
-        facts = [
-            f"<b>{html.escape(box.label)}</b>",
-            f"created at {html.escape(join_items(born))}",
-            f"{box.alive:,} of {len(box.members):,} still alive"
-            + (f"; freed at {html.escape(join_items(freed))}" if freed else ""),
-        ]
-        table = buffer_table(self.trace, set(box.members))
+        details = self.report.graph.details_of(view, index)
+        label, *lines = (html.escape(line) for line in details.lines)
+        facts = [f"<b>{label}</b>", *lines]
+        table = details.buffers
         with self.graph_image.hold_sync(), self.node_details.hold_sync():
             self.node_details.value = div("<br>".join(facts)) + table_html(table)
             self._graph_png = figure_png(graph_figure(view, selected=index))
@@ -305,7 +281,7 @@ class TracePanel:
     def static_html(self) -> str:
         """The panel as one HTML document fragment, figures embedded as PNG."""
         self.ensure_built()
-        return page(self.trace, self._timeline_png, self._graph_png, self._graph_note, self._tables)
+        return page(self.report, self._timeline_png, self._graph_png, self._graph_note)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         """The widget view with static HTML and text fallbacks; with `companion` set (the magic
@@ -321,12 +297,10 @@ class TracePanel:
 
     def text_report(self) -> str:
         """The text report; of a finished trace made once, from the panel's own tables."""
-        if not self.trace.finished:
-            return render_text(self.trace)
+        if not self.report.finished:
+            return render_text(self.report)
         if self._text is None:
-            self.ensure_built()
-            view = self.view if self._default_view else None
-            self._text = render_text(self.trace, named=self._tables, view=view)
+            self._text = render_text(self.report)
         return self._text
 
     def static_copy(self) -> StaticCopy:
@@ -359,58 +333,42 @@ def static_copy_html(fragment: str) -> str:
     return f'<style>{hide}{{display:none}}</style><div class="{STATIC_CLASS}">{fragment}</div>'
 
 
+_DRAWN = (SectionId.TIMELINE, SectionId.GRAPH)  # sections drawn as pictures, not tables
 _EMPTY_TIMELINE: list[bytes] = []  # the "nothing recorded yet" picture, drawn once per process
 
 
-def _timeline_png(trace: Trace, live: bool = False) -> tuple[bytes, str]:
+def _timeline_png(timeline: Timeline, live: bool = False) -> tuple[bytes, str]:
     """The timeline as PNG and a note to show above it. Live: a sparkline (milliseconds, so it
-    keeps up at every refresh) and a note giving its scales; finished: the full figure. A panel
-    opened on an empty trace reuses one placeholder picture."""
-    if not trace.timeline:
+    keeps up at every refresh) and the report's note giving its scales; finished: the full
+    figure. A panel opened on an empty trace reuses one placeholder picture."""
+    if not timeline.samples:
         if not _EMPTY_TIMELINE:
-            _EMPTY_TIMELINE.append(figure_png(timeline_figure(trace)))
+            _EMPTY_TIMELINE.append(figure_png(timeline_figure(timeline)))
         return _EMPTY_TIMELINE[0], ""
     if not live:
-        return figure_png(timeline_figure(trace)), ""
-    return sparkline_png(trace), div(html.escape(live_timeline_note(trace)), MUTED_STYLE)
+        return figure_png(timeline_figure(timeline)), ""
+    png = sparkline_png(timeline.samples, timeline.backward_calls)
+    return png, div(html.escape(timeline.live_note), MUTED_STYLE)
 
 
-def live_timeline_note(trace: Trace) -> str:
-    """What the live sparkline shows, with its scales: it has no axes of its own."""
-    s = trace.snapshot()
-    done = sum(1 for c in trace.backward_calls if c.end_seq is not None)
-    over = (
-        f"over {done:,} steps (backward calls) so far"
-        if done >= MIN_STEPS
-        else "over recorded events"
-    )
-    # The picture is redrawn less often than the numbers above it: say when it was drawn.
-    when = f"drawn after {done:,} backward call{'s' if done != 1 else ''}"
-    return (
-        f"Live, {when}: autograd nodes alive (blue, top: 0 to {s.peak_live_nodes:,} peak) and "
-        "retained "
-        f"saved tensors (orange, bottom: 0 B to {format_bytes(s.peak_retained_bytes)} peak) "
-        f"{over}; shading spans the lowest to highest value in each pixel column. The timeline "
-        "with axes and line labels appears when the cell ends."
-    )
-
-
-def side_by_side_bundle(named: Sequence[tuple[str, Trace]]) -> dict[str, Any]:
+def side_by_side_bundle(named: Sequence[tuple[str, Trace]], block: str = "cell") -> dict[str, Any]:
     """Display bundle of several finished traces: comparison tables above their panels in a row,
     with the static side-by-side report and the comparison text as fallbacks."""
     from autograd_magic.views.report_html import comparison_html, comparison_text, side_by_side_html
 
+    panels = [(name, TracePanel(trace, block=block)) for name, trace in named]
     columns = [
         widgets.VBox(
-            [widgets.HTML(f"<h3>{html.escape(name)}</h3>"), TracePanel(trace).widget],
+            [widgets.HTML(f"<h3>{html.escape(name)}</h3>"), panel.widget],
             layout={"flex": "1 1 0", "min_width": "0"},
         )
-        for name, trace in named
+        for name, panel in panels
     ]
-    whole = widgets.VBox([widgets.HTML(comparison_html(named)), widgets.HBox(columns)])
+    reports = [(name, panel.report) for name, panel in panels]
+    whole = widgets.VBox([widgets.HTML(comparison_html(reports)), widgets.HBox(columns)])
     bundle = dict(whole._repr_mimebundle_() or {})
-    bundle["text/html"] = side_by_side_html(named)
-    bundle["text/plain"] = comparison_text(named)
+    bundle["text/html"] = side_by_side_html(reports)
+    bundle["text/plain"] = comparison_text(reports)
     return bundle
 
 
@@ -424,9 +382,12 @@ class Recording(Protocol):
 
 
 def live_panel(
-    recorder: Recording, refresh_s: float = 1.0, max_nodes: int = DEFAULT_MAX_NODES
+    recorder: Recording,
+    refresh_s: float = 1.0,
+    max_nodes: int = DEFAULT_MAX_NODES,
+    block: str = "cell",
 ) -> TracePanel:
     """A panel for the trace `recorder` fills, updated while it records (every `refresh_s`)."""
-    panel = TracePanel(recorder.trace, max_nodes=max_nodes)
+    panel = TracePanel(recorder.trace, max_nodes=max_nodes, block=block)
     recorder.listen(panel.live_update, refresh_s)
     return panel

@@ -8,17 +8,19 @@ import io
 
 import numpy
 
-from autograd_magic.model.trace import Trace
+from autograd_magic.model.records import BackwardCall, TimelineSample
+from autograd_magic.report.sentences import MIN_STEPS
 
-MIN_STEPS = 3  # backward calls before the timeline counts steps (a loop, not a retry)
 NODES_RGB, BYTES_RGB = (0x1C, 0x7E, 0xD6), (0xE8, 0x59, 0x0C)
 
 
-def x_axis(trace: Trace, seqs: numpy.ndarray) -> tuple[numpy.ndarray, str, bool]:
+def x_axis(
+    backward_calls: list[BackwardCall], seqs: numpy.ndarray
+) -> tuple[numpy.ndarray, str, bool]:
     """Positions of the samples, an axis label, and whether they are steps: steps when the block
     called backward `MIN_STEPS` times or more (wall time is not recorded; step k ends where
     backward call k ends), else the events' order."""
-    calls = [c for c in trace.backward_calls if c.seq >= seqs[0]]
+    calls = [c for c in backward_calls if c.seq >= seqs[0]]
     ends = sorted({c.end_seq if c.end_seq is not None else c.seq for c in calls})
     ends = [e for e in ends if seqs[0] < e]
     if len(ends) < MIN_STEPS:
@@ -57,14 +59,18 @@ def envelope(
     return (edges[:-1] + edges[1:]) / 2, low, high
 
 
-def sparkline_png(trace: Trace, width: int = 800, rows: int = 64) -> bytes:
+def sparkline_png(
+    samples: list[TimelineSample],
+    backward_calls: list[BackwardCall],
+    width: int = 800,
+    rows: int = 64,
+) -> bytes:
     """Live nodes (top band) and retained bytes (bottom band) as a transparent PNG, each scaled
     to its own peak: the shaded band spans each pixel column's lowest to highest value."""
-    samples = trace.timeline
     image = numpy.zeros((2 * rows + 6, width, 4), dtype=numpy.uint8)
     if samples:
         seqs = numpy.fromiter((s.seq for s in samples), float, len(samples))
-        x, _, _ = x_axis(trace, seqs)
+        x, _, _ = x_axis(backward_calls, seqs)
         for top, values, rgb in (
             (0, (s.live_nodes for s in samples), NODES_RGB),
             (rows + 6, (s.retained_bytes for s in samples), BYTES_RGB),

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from autograd_magic.analysis.result import Analysis
 from autograd_magic.model.records import ModuleStats
-from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import format_bytes, layer_pattern
-from autograd_magic.views.tables import MAX_TABLE_ROWS, Table
+from autograd_magic.report.model import MAX_TABLE_ROWS, Table
 
 BAR_WIDTH = 10
 INDENT = "\u00a0" * 3
@@ -22,16 +22,16 @@ def _bar(share: float) -> str:
     return "█" * full + ("" if rest == 0 else " ▏▎▍▌▋▊▉"[rest])
 
 
-def top_modules(trace: Trace, count: int = 3) -> list[tuple[str, float]]:
+def top_modules(analysis: Analysis, count: int = 3) -> list[tuple[str, float]]:
     """The repeated structures whose own ops saved the most, with their share of all the bytes
     saved inside modules: [('encoder.layers.*.self_attn', 0.45), ...]; a module that also has
     submodules is named with ' (own ops)'."""
-    return [(name, share) for name, share, _ in _top_groups(trace, count)]
+    return [(name, share) for name, share, _ in _top_groups(analysis, count)]
 
 
-def _top_groups(trace: Trace, count: int) -> list[tuple[str, float, int]]:
+def _top_groups(analysis: Analysis, count: int) -> list[tuple[str, float, int]]:
     """`top_modules` with how many modules each entry adds up."""
-    stats = trace.modules()
+    stats = analysis.modules
     total = sum(m.self_saved_bytes for m in stats)
     if total <= 0:
         return []
@@ -41,7 +41,7 @@ def _top_groups(trace: Trace, count: int) -> list[tuple[str, float, int]]:
     for m in stats:
         if m.self_saved_bytes:
             groups.setdefault((pattern_of(m.path), m.type), []).append(m)
-    mixed = _mixed_containers(trace.module_types)
+    mixed = _mixed_containers(analysis.trace.module_types)
     for key, members in list(groups.items()):
         if len(members) > 1 and any(_in_mixed(m.path, mixed) for m in members):
             del groups[key]  # a Sequential's two Linear layers are not one repeated structure
@@ -78,25 +78,25 @@ def _in_mixed(path: str, mixed: set[str]) -> bool:
     return any(part.isdigit() and ".".join(parts[:i]) in mixed for i, part in enumerate(parts))
 
 
-def top_modules_text(trace: Trace) -> str:
+def top_modules_text(analysis: Analysis) -> str:
     """'model.h.*.mlp 62%, model.h.*.attn 30%' or '' when no module saved anything. Only for a
     finished trace: while it records, module paths still start with a placeholder for the
     root's name (`<0>.h.1`), resolved when the block ends."""
-    if not trace.finished:
+    if not analysis.trace.finished:
         return ""
     # A pattern adds up its modules (the table has a row each): say how many.
     return ", ".join(
         f"{path} {share:.0%}" + (f" ({n} modules together)" if n > 1 else "")
-        for path, share, n in _top_groups(trace, 3)
+        for path, share, n in _top_groups(analysis, 3)
     )
 
 
-def module_table(trace: Trace, limit: int = MAX_TABLE_ROWS) -> Table:
+def module_table(analysis: Analysis, limit: int = MAX_TABLE_ROWS) -> Table:
     """One row per module, as a tree (children under their parent, largest first), with saved
     bytes including submodules, the module's own share, calls and the peak held at once.
     Repeated layers identical to the first of them (same class, numbers and submodules) share
     one row under it: '1-3  TransformerEncoderLayer x3 (each as 0)'."""
-    stats = trace.modules()
+    stats = analysis.modules
     if not stats:
         return Table("Memory by module", (), ())
     children: dict[str, list[ModuleStats]] = {}

@@ -6,11 +6,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from autograd_magic.model.disjoint_sets import DisjointSets
 from autograd_magic.model.records import AliasLink, StorageGroup
-
-
-def object_label(labels: Mapping[int, str], object_id: int) -> str:
-    """The user's name for a tracked tensor or array, else its op label (`object#7`)."""
-    return labels.get(object_id, f"object#{object_id}")
+from autograd_magic.model.units import object_label
 
 
 def storage_groups(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from autograd_magic.analysis.layout import OPS, GraphView
 from autograd_magic.model.units import format_bytes
-from autograd_magic.views.tables import Table
+from autograd_magic.report.model import Table
 
 GRAPH_ROWS = 20
 

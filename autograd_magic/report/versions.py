@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import re
 
+from autograd_magic.analysis.result import Analysis
 from autograd_magic.model.records import VersionBump
-from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import layer_pattern, where
-from autograd_magic.views.tables import MAX_TABLE_ROWS, Table, cut_note
+from autograd_magic.report.model import MAX_TABLE_ROWS, Table, cut_note
 
 
-def versions_table(trace: Trace) -> Table:
+def versions_table(analysis: Analysis) -> Table:
     """In-place writes grouped per tensor, op and line, in order; a loop's repeated writes share
     one row ('1 -> 1001 (1,000 writes)'), and so do the same layer's tensors in repeated layers
     ('model.layers.*.weight ... (4 tensors)') and one optimizer state entry of every parameter
     (`opt.state[*]['exp_avg']`); writes that bypass the counter flagged."""
     # Grouped on the raw fields first (a long loop has 100,000 writes), in order of appearance.
     raw: dict[tuple, list[VersionBump]] = {}
-    for bump in trace.version_bumps:
+    for bump in analysis.trace.version_bumps:
         fields = (bump.label, bump.op, bump.site, bump.affected, bump.bypass, bump.bypassed)
         raw.setdefault(fields, []).append(bump)
     groups: dict[tuple[str, ...], list[VersionBump]] = {}
@@ -46,7 +46,8 @@ def versions_table(trace: Trace) -> Table:
         "saved tensors hit",
         "warning",
     )
-    return Table("Version bumps", headers, tuple(rows[:MAX_TABLE_ROWS]), cut_note(len(rows)))
+    shown = tuple(rows[:MAX_TABLE_ROWS])
+    return Table("Version bumps", headers, shown, cut_note(len(rows)), headers.index("warning"))
 
 
 # One optimizer step writes the same state entry of every parameter: one row per entry.
