@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import autograd_magic as am
-from autograd_magic.recorder import install
+from autograd_magic.recorder import stacks
 
 # The unfixed exit retried forever: after this many calls the fake lets removal succeed, so a
 # regression fails the test instead of hanging the suite.
@@ -18,10 +18,10 @@ _SAFETY_VALVE = 10_000
 
 @pytest.fixture
 def failing_removal(monkeypatch):
-    """`install.remove_mode` raising `make()` on every call (up to the safety valve); yields the
+    """`stacks.remove_mode` raising `make()` on every call (up to the safety valve); yields the
     list of calls made. What stays installed is removed afterwards."""
     calls: list[int] = []
-    original = install.remove_mode
+    original = stacks.remove_mode
     state: dict = {}
 
     def remove_mode(mode):
@@ -30,7 +30,7 @@ def failing_removal(monkeypatch):
             raise state["make"]()
         original(mode)
 
-    monkeypatch.setattr(install, "remove_mode", remove_mode)
+    monkeypatch.setattr(stacks, "remove_mode", remove_mode)
     yield state, calls
     monkeypatch.undo()
     am.uninstall()

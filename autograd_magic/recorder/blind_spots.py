@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from autograd_magic.model.records import Blindspot, BlindspotKind, Site
-from autograd_magic.recorder import install
+from autograd_magic.recorder import stacks
 from autograd_magic.recorder.ops import OpKind
 
 if TYPE_CHECKING:
@@ -67,9 +67,9 @@ class BlindSpotHandling:
             return False
         self._note_blindspot(kind, self._sites.here(), message)
         self._suspended = "hooks" if kind == "hooks-disabled" else "all"
-        install.remove_hooks(self._pack_hook)
+        stacks.remove_hooks(self._pack_hook)
         if self._suspended == "all":
-            install.remove_mode(self._mode)
+            stacks.remove_mode(self._mode)
         return True
 
     def resume(self) -> None:
@@ -77,9 +77,9 @@ class BlindSpotHandling:
         suspended, self._suspended = self._suspended, None
         if self._mode is None or suspended is None:
             return
-        install.push_hooks(self._pack_hook, self._unpack)
+        stacks.push_hooks(self._pack_hook, self._unpack)
         if suspended == "all":
-            install.push_mode_innermost(self._mode)
+            stacks.push_mode_innermost(self._mode)
 
     def _note_blindspot(self, kind: BlindspotKind, site: Site, message: str) -> None:
         if (kind, site.line) in self._blind_lines:

@@ -29,7 +29,7 @@ from autograd_magic.model.records import (
 )
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import describe_error
-from autograd_magic.recorder import install, torch_api
+from autograd_magic.recorder import install, stacks, torch_api
 from autograd_magic.recorder.aliases import AliasTracker
 from autograd_magic.recorder.backward import run_backward
 from autograd_magic.recorder.blind_spots import BlindSpotHandling
@@ -37,6 +37,7 @@ from autograd_magic.recorder.caller import CallerStandIns, StandIn
 from autograd_magic.recorder.deferred import take
 from autograd_magic.recorder.frames import outside_caller
 from autograd_magic.recorder.graph_holders import LiveHolderReading, has_graph, noting_holders
+from autograd_magic.recorder.labels import resolve_labels
 from autograd_magic.recorder.mode import KINDS, RecorderMode, kind_of
 from autograd_magic.recorder.module_calls import ModuleTracker
 from autograd_magic.recorder.naming import frame_namespace
@@ -131,13 +132,13 @@ class Recorder(
         return self.trace
 
     def _install(self) -> None:
-        install.purge_ended_modes(RecorderMode)
-        install.purge_stranded()
+        stacks.purge_ended_modes(RecorderMode)
+        stacks.purge_stranded()
         self._pack_hook, self._mode = self._pack, RecorderMode(self)
         disabled = install.hooks_disabled_message()
         if disabled is None:
-            install.push_hooks(self._pack_hook, self._unpack)
-        install.push_mode_innermost(self._mode)
+            stacks.push_hooks(self._pack_hook, self._unpack)
+        stacks.push_mode_innermost(self._mode)
         install.add_patches(self)
         self.modules.install()
         if disabled is not None:
@@ -170,15 +171,15 @@ class Recorder(
     def _remove_mode(self) -> None:
         # A block ended on another thread than it began (a generator resumed elsewhere) cannot
         # reach the first thread's stacks: its mode and hooks only pass calls and tensors on
-        # until that thread removes them (install.strand).
+        # until that thread removes them (stacks.strand).
         if self._mode is not None and threading.get_ident() == self._thread:
-            install.remove_mode(self._mode)
+            stacks.remove_mode(self._mode)
 
     def _remove_hooks(self) -> None:
         if threading.get_ident() != self._thread:
-            install.strand(self._thread, self._pack_hook)
+            stacks.strand(self._thread, self._pack_hook)
         elif self._pack_hook is not None:
-            install.remove_hooks(self._pack_hook)
+            stacks.remove_hooks(self._pack_hook)
 
     def _forget_installed(self) -> None:
         """What is still installed only passes calls and tensors on (also when its removal
@@ -195,7 +196,7 @@ class Recorder(
         """Removal failed every try: say so once, leave what stayed passing calls on (the next
         block or `uninstall()` takes it out: ended modes and stranded hooks are purged)."""
         if self._pack_hook is not None:
-            install.strand(self._thread, self._pack_hook)
+            stacks.strand(self._thread, self._pack_hook)
         self._forget_installed()
         message = (
             f"autograd_magic could not remove its recorder: {error!r}. What stayed installed "
@@ -319,7 +320,9 @@ class Recorder(
         roots = self.modules.root_placeholders()
         # Root modules are looked up in the same walk, under negative ids.
         extra = {id(module): -1 - i for i, module in enumerate(roots.values())}
-        names = self.aliases.resolve_labels(
+        names = resolve_labels(
+            self.writer,
+            self.aliases.registry,
             namespace,
             self._name_budget_s,
             also=note_holder if live else None,
@@ -463,8 +466,8 @@ def uninstall_this_thread() -> int:
     ]
     for block in blocks:
         block.abandon()
-    install.purge_ended_modes(RecorderMode)
-    return len(blocks) + install.purge_stranded()
+    stacks.purge_ended_modes(RecorderMode)
+    return len(blocks) + stacks.purge_stranded()
 
 
 def _untrack_forked_child() -> None:
@@ -475,7 +478,7 @@ def _untrack_forked_child() -> None:
             # A fork's child must start whatever happens here.
             with contextlib.suppress(BaseException):
                 block.abandon()
-    install.purge_ended_modes(RecorderMode)
+    stacks.purge_ended_modes(RecorderMode)
 
 
 if hasattr(os, "register_at_fork"):

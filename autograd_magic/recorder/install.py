@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import bdb
 import sys
-import threading
 import warnings
 import weakref
 from collections.abc import Callable
@@ -24,7 +23,7 @@ import torch.fx.traceback
 from torch.overrides import TorchFunctionMode
 
 from autograd_magic.model.records import BlindspotKind
-from autograd_magic.recorder import deferred, dynamo, torch_api, warnings_site
+from autograd_magic.recorder import deferred, dynamo, stacks, torch_api, warnings_site
 from autograd_magic.recorder.frames import DISPATCH_TO_MODES, is_recorder
 
 # Each patch, traced by torch.compile, is the original call and nothing else (see `dynamo`):
@@ -82,7 +81,7 @@ def _hooks_disable(message: str) -> None:
     # aside until hooks are enabled again, and the trace says what it did not see.
     if _is_compiling():
         return _originals["hooks_disable"](message)
-    if torch_api.hooks_disabled_message() is None and not _user_hooks():
+    if torch_api.hooks_disabled_message() is None and not stacks.user_hooks():
         # (With the user's hooks set, PyTorch refuses to disable: ours stay where they are.)
         kind: BlindspotKind = "torch.func" if message.startswith("torch.func") else "hooks-disabled"
         for block in _live_blocks():
@@ -195,7 +194,6 @@ def _jit_tracer(name: str) -> Callable[..., Any]:
 _suspended: list[weakref.ref[Patched]] = []
 _ORIGINAL_FROM_NUMPY = torch.from_numpy
 _ORIGINAL_STOP_HERE = bdb.Bdb.stop_here
-_PACKAGE = __name__.partition(".")[0] + "."
 _ORIGINAL_HAS_TORCH_FUNCTION = torch.overrides.has_torch_function
 _ORIGINAL_HOOKS_ENTER = _HOOKS_CLASS.__enter__
 _ORIGINAL_HOOKS_DISABLE = getattr(torch_api.AUTOGRAD_C, torch_api.SAVED_HOOKS_DISABLE)
@@ -307,141 +305,6 @@ def _unbind_patches() -> None:
             found = originals.get(id(value))
             if found is not None and found[0] is value:
                 namespace[attribute] = found[1]
-
-
-def remove_mode(mode: Any) -> None:
-    """Take `mode` out of this thread's function mode stack, leaving every other mode in place."""
-    stack = torch_api.function_mode_stack()
-    if not any(m is mode for m in stack):
-        return
-    above = []
-    while True:
-        top = torch_api.pop_function_mode()
-        if top is mode:
-            break
-        above.append(top)
-    for other in reversed(above):
-        torch_api.push_function_mode(other)
-
-
-def _user_hooks() -> bool:
-    """True when saved-tensor hooks other than the blocks' own are on this thread's stack
-    (False where torch cannot show the stack: torch 2.4)."""
-    if not torch_api.HAS_TOP_SAVED_HOOKS:
-        return False
-    popped = []
-    while (top := torch_api.top_saved_hooks()) is not None:
-        torch_api.pop_saved_hooks()
-        popped.append(top)
-    for pack_hook, unpack_hook in reversed(popped):
-        torch_api.push_saved_hooks(pack_hook, unpack_hook)
-    return any(not getattr(pack, "__module__", "").startswith(_PACKAGE) for pack, _ in popped)
-
-
-def remove_hooks(pack: Callable[..., Any]) -> None:
-    """Take the saved-tensor hooks whose pack hook is `pack` out of this thread's hook stack.
-
-    Where torch cannot show the stack (torch 2.4), the top entry is taken if this thread pushed
-    `pack` and has not taken it off yet: the block's own, as long as the saved-tensor hooks
-    contexts opened in the block were also closed in it."""
-    if not torch_api.HAS_TOP_SAVED_HOOKS:
-        pushed = _pushed.get(threading.get_ident(), [])
-        if any(p is pack for p in pushed):
-            pushed.reverse()
-            pushed.remove(pack)
-            pushed.reverse()
-            torch_api.pop_saved_hooks()
-        return
-    above = []
-    while True:
-        top = torch_api.top_saved_hooks()
-        if top is None:
-            break  # not found: everything popped goes back as it was
-        torch_api.pop_saved_hooks()
-        if top[0] is pack:
-            break
-        above.append(top)
-    for pack_hook, unpack_hook in reversed(above):
-        torch_api.push_saved_hooks(pack_hook, unpack_hook)
-
-
-# Pack hooks of blocks that ended on another thread than the one they began on, by that first
-# thread, which alone can take them off its stack. (Their modes have ended: `purge_ended_modes`
-# removes those.)
-_stranded: dict[int, list[Callable[..., Any] | None]] = {}
-
-
-def strand(thread: int, pack: Callable[..., Any] | None) -> None:
-    """Leave `pack`'s hooks for `thread` to remove (see `remove_stranded_hooks`)."""
-    _stranded.setdefault(thread, []).append(pack)
-
-
-def remove_stranded_hooks() -> None:
-    """Take the hooks stranded on this thread off its stack; their blocks stay listed for
-    `purge_stranded` to count."""
-    packs = _stranded.get(threading.get_ident(), [])
-    for index, pack in enumerate(packs):
-        if pack is not None:
-            remove_hooks(pack)
-            packs[index] = None
-
-
-def purge_stranded() -> int:
-    """Remove the hooks stranded on this thread; returns how many blocks left some."""
-    remove_stranded_hooks()
-    return len(_stranded.pop(threading.get_ident(), ()))
-
-
-def push_hooks(pack: Callable[..., Any], unpack: Callable[..., Any]) -> None:
-    """Install saved-tensor hooks the way `saved_tensors_hooks.__enter__` does."""
-    torch_api.push_saved_hooks(pack, unpack)
-    if not torch_api.HAS_TOP_SAVED_HOOKS:
-        _pushed.setdefault(threading.get_ident(), []).append(pack)
-
-
-# Where torch cannot show the hook stack (torch 2.4): the pack hooks each thread pushed and has
-# not taken off, oldest first.
-_pushed: dict[int, list[Callable[..., Any]]] = {}
-
-
-def purge_ended_modes(mode_type: type) -> None:
-    """Remove modes of `mode_type` whose block has ended (`recorder` is None) from the stack.
-
-    torch puts a mode back on the stack when a `_pop_mode_temporarily` interrupted by a
-    KeyboardInterrupt is finally closed, possibly after the block ended; such a mode only
-    forwards calls, and the next block takes it out.
-    """
-    for mode in torch_api.function_mode_stack():
-        if type(mode) is mode_type and getattr(mode, "recorder", None) is None:
-            remove_mode(mode)
-
-
-def push_mode_innermost(mode: Any) -> None:
-    """Put `mode` under every function mode already active on this thread.
-
-    Torch calls reach the innermost mode last, with every mode above it set aside: the
-    recorder's own bookkeeping there is invisible to the user's modes, which see exactly the
-    calls they see untracked. A `DeviceContext` (`torch.set_default_device`) stays at the bottom,
-    where PyTorch requires it to be (torch 2.4 stacks it like any mode: there it stays above
-    ours, see `torch_api.DEVICE_CONTEXT_AT_BOTTOM`).
-    """
-    above = []
-    while torch_api.function_mode_stack():
-        above.append(torch_api.pop_function_mode())
-    bottom = (
-        above.pop()
-        if above
-        and isinstance(above[-1], torch_api.DeviceContext)
-        and torch_api.DEVICE_CONTEXT_AT_BOTTOM
-        else None
-    )
-    try:
-        if bottom is not None:
-            torch_api.push_function_mode(bottom)
-        torch_api.push_function_mode(mode)
-    finally:
-        for other in reversed(above):
-            torch_api.push_function_mode(other)
 
 
 def hooks_disabled_message() -> str | None:

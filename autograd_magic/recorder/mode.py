@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from autograd_magic.recorder import install
+from autograd_magic.recorder import install, stacks
 from autograd_magic.recorder.deferred import pending, raise_pending
 from autograd_magic.recorder.ops import OpKind, classify
 from autograd_magic.recorder.tracebacks import hide_dispatch, strip_recorder_frames
@@ -79,9 +79,9 @@ class RecorderMode(install.BlockMode):
                 raise_pending()
             recorder = self.recorder
             if recorder is None:
-                # Put back on the stack after its block ended (see install.purge_ended_modes), or
+                # Put back on the stack after its block ended (see stacks.purge_ended_modes), or
                 # left by a block that ended on another thread: its hooks go now.
-                install.remove_stranded_hooks()
+                stacks.remove_stranded_hooks()
                 return func(*args, **(kwargs or {}))
             # A builtin runs from a stand-in for the caller's frame (C++ warnings land there);
             # a Python function has its own frame for that. Not under a debugger or tracer (the
