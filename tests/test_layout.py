@@ -116,3 +116,60 @@ def test_loading_imports_no_heavy_library_it_does_not_need(module, absent):
     code = f"import sys, {module}; print([m for m in {absent!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+RANK = {"model": 0, "recorder": 1, "analysis": 1, "report": 2, "views": 3, "top": 4}
+
+
+def _calls_up(render) -> list[str]:
+    """Run `render()` under a profiler; every call from a package function into a function of a
+    higher layer (or of a sibling: recorder <-> analysis), as 'caller -> callee'."""
+    seen: list[str] = []
+
+    def layer_of(frame) -> str | None:
+        name = frame.f_globals.get("__name__", "")
+        return layer(name) if name.startswith("autograd_magic") else None
+
+    def profile(frame, event, arg):
+        if event != "call":
+            return
+        callee = layer_of(frame)
+        back = frame.f_back
+        caller = None if back is None else layer_of(back)
+        if callee is None or caller is None or callee == caller:
+            return
+        if RANK[callee] >= RANK[caller]:
+            seen.append(f"{back.f_code.co_qualname} ({caller}) -> {frame.f_code.co_qualname}")
+
+    sys.setprofile(profile)
+    try:
+        render()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def test_a_trace_goes_down_the_pipeline_once_and_never_climbs_back():
+    """GIVEN a finished trace with findings, modules, shared storage and in-place writes
+    WHEN the text report, the static HTML and the JSON export are made from it THEN no function
+    of a lower layer calls one of a higher layer: records -> analysis -> report -> renderer."""
+    import torch
+
+    import autograd_magic as am
+    from autograd_magic.report.build import report_of
+    from autograd_magic.views.html import page
+    from autograd_magic.views.text import render_text
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    losses = []
+    with am.track() as trace:
+        for _ in range(3):
+            loss = model(torch.ones(2, 4)).sum()
+            loss.backward()
+            losses.append(loss)
+        view = losses[0].detach()
+        view.add_(1)
+    assert trace.findings  # the report has sentences to word
+    assert _calls_up(lambda: render_text(report_of(trace))) == []
+    assert _calls_up(lambda: page(report_of(trace))) == []
+    assert _calls_up(trace.to_json) == []
