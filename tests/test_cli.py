@@ -309,7 +309,7 @@ def test_a_long_loop_report_stays_small_and_keeps_failed_backward_calls(tmp_path
         loss.backward()
         with pytest.raises(RuntimeError):
             loss.backward()
-    page = report_document([("loop", trace)])
+    page = report_document([("loop", trace.report())])
     # The 60 calls of one line read as one sentence; the failed call keeps its own.
     assert page.count("60 backward() calls, each released no saved tensors") == 1
     assert "backward() failed with RuntimeError" in page

@@ -11,6 +11,7 @@ from IPython.utils.capture import capture_output
 
 import autograd_magic
 from autograd_magic import magic as display  # the IPython integration: display lives there
+from autograd_magic.model import trace as model
 
 WIDGET = "application/vnd.jupyter.widget-view+json"
 
@@ -79,7 +80,7 @@ def test_show_outside_ipython_prints_text(capsys, monkeypatch):
 
 def test_importing_in_a_running_ipython_registers_the_display(shell):
     formatter = shell.display_formatter.mimebundle_formatter
-    formatter.pop(autograd_magic.Trace)
+    formatter.pop(model.Trace)  # registered for the records' class: users' traces subclass it
     assert shell.display_formatter.format(leaky_trace(2))[0].keys() == {"text/plain"}
     assert "holds" not in shell.display_formatter.format(leaky_trace(2))[0]["text/plain"]
     autograd_magic._register_in_running_ipython()

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from traces import handmade_trace, module_trace
+from traces import handmade_trace, module_trace, report
 
 import autograd_magic
 from autograd_magic.analysis import layout
 from autograd_magic.analysis.grouping import READABLE_BOXES
+from autograd_magic.report.model import SectionId
 from autograd_magic.views import figures
-from autograd_magic.views.panel import TracePanel
+from autograd_magic.views.panel import TABS, TracePanel
 from autograd_magic.views.text import render_text
 
 
@@ -103,7 +104,7 @@ def test_a_twelve_layer_transformer_reads_as_twelve_labelled_layers():
 
 def test_panel_depth_control_redraws_the_graph():
     panel = TracePanel(module_trace(layers=12))
-    panel.tabs.selected_index = 2  # the Graph tab
+    panel.tabs.selected_index = TABS.index(SectionId.GRAPH)
     select = panel.depth_select
     assert [label for label, _ in select.options] == ["depth 1", "depth 2", "every op"]
     assert select.value == 2 and len(panel.node_select.options) == 37
@@ -119,13 +120,13 @@ def test_panel_depth_control_redraws_the_graph():
 
 def test_panel_without_modules_offers_every_op_only():
     panel = TracePanel(handmade_trace())
-    panel.tabs.selected_index = 2
+    panel.tabs.selected_index = TABS.index(SectionId.GRAPH)
     assert panel.depth_select.options == (("every op", layout.OPS),)
     assert panel.depth_select.disabled
 
 
 def test_text_report_lists_the_default_graph_view():
-    text = render_text(module_trace(layers=12))
+    text = render_text(report(module_trace(layers=12)))
     assert "Graph (module depth 2 of 2)" in text
     rows = text[text.index("Graph (") :].splitlines()
     assert rows[2].split() == ["layers.0.attn", "Attention", "3", "1.0", "KiB", "1.0", "KiB"]

@@ -95,7 +95,7 @@ def test_released_buffers_leave_the_peak_and_a_json_round_trip_keeps_modules():
     assert root.peak_retained_bytes == trace.snapshot().peak_retained_bytes == 384
     loaded = am.Trace.from_json(trace.to_json())
     assert loaded.modules() == trace.modules()
-    assert json.loads(trace.to_json())["version"] == 3
+    assert json.loads(trace.to_json())["version"] == 4
 
 
 def test_modules_with_their_own_hooks_give_the_same_values_tracked():
@@ -165,7 +165,8 @@ def test_a_transformer_encoder_names_its_layers():
 def test_the_text_report_and_panel_show_memory_by_module():
     """GIVEN a transformer step WHEN rendered THEN the summary names the repeated structure that
     saved most, the text report has the module tree, and the panel's Modules tab the same."""
-    from autograd_magic.views.panel import TracePanel
+    from autograd_magic.report.model import SectionId
+    from autograd_magic.views.panel import TABS, TracePanel
     from autograd_magic.views.text import render_text
 
     torch.manual_seed(0)
@@ -173,7 +174,7 @@ def test_the_text_report_and_panel_show_memory_by_module():
     encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
     with am.track() as trace:
         encoder(torch.randn(2, 5, 32)).sum().backward()
-    text = render_text(trace)
+    text = render_text(trace.report())
     assert "Most saved memory: encoder.layers.*.self_attn" in text
     # AND a pattern says it adds up its 2 layers, which the table lists one by one (issue 36)
     summary = text[text.index("Most saved memory:") :].splitlines()[0]
@@ -184,21 +185,23 @@ def test_the_text_report_and_panel_show_memory_by_module():
     assert any(line.split()[:2] == ["self_attn", "MultiheadAttention"] for line in tree)
     panel = TracePanel(trace)
     assert "encoder.layers.*.self_attn" in panel.summary.value
-    panel.tabs.selected_index = 1  # the Modules tab: tables are built when first opened
+    modules = TABS.index(SectionId.MODULES)
+    panel.tabs.selected_index = modules  # tables are built when their tab is first opened
     assert "MultiheadAttention" in panel.modules.value
-    assert panel.tabs.titles[1].startswith("Modules (")
+    assert panel.tabs.titles[modules].startswith("Modules (")
 
 
 def test_the_summary_merges_repeated_layers_but_not_a_sequentials_different_children():
     """GIVEN a Sequential of Linear, ReLU, Linear WHEN summarised THEN its children are named one
     by one (`model.1`), not merged into `model.*` as repeated layers would be."""
-    from autograd_magic.views.module_table import top_modules
+    from autograd_magic.analysis.result import analyze
+    from autograd_magic.report.modules import top_modules
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     with am.track() as trace:
         loss = model(torch.randn(4, 8)).sum()  # both Linear layers save: inputs nobody holds
-    names = [path for path, _ in top_modules(trace)]
+    names = [path for path, _ in top_modules(analyze(trace))]
     assert names and all("*" not in name for name in names)
     assert "model.1" in names  # ReLU saves its output
     del loss
@@ -207,14 +210,15 @@ def test_the_summary_merges_repeated_layers_but_not_a_sequentials_different_chil
 def test_the_live_summary_names_no_module_until_the_block_ends():
     """GIVEN a model running inside a block WHEN the summary is read mid-block THEN it names no
     module (root names are only known at the end); once finished it names the user's variable."""
-    from autograd_magic.views.text import summary_items
+    from autograd_magic.analysis.result import analyze
+    from autograd_magic.report.sentences import summary_items
 
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
     with am.track() as trace:
         out = model(torch.randn(2, 4)).sum()
-        live = dict(summary_items(trace))
+        live = dict(summary_items(analyze(trace)))
     assert "Most saved memory" not in live
-    assert dict(summary_items(trace))["Most saved memory"].startswith("model.")
+    assert dict(summary_items(analyze(trace)))["Most saved memory"].startswith("model.")
     del out
 
 
@@ -222,7 +226,9 @@ def test_a_transformers_tables_name_modules_and_deep_parameters():
     """GIVEN a 2-layer nn.TransformerEncoder trained one Adam step WHEN its report is built
     THEN saved tensors name their module (repeated layers on one row) and the optimizer's
     writes name parameters five levels deep, as the user would type them."""
-    from autograd_magic.views.text import buffer_table, versions_table
+    from autograd_magic.analysis.result import analyze
+    from autograd_magic.report.buffers import buffer_table
+    from autograd_magic.report.versions import versions_table
 
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(16, nhead=2, dim_feedforward=32, batch_first=True)
@@ -232,7 +238,7 @@ def test_a_transformers_tables_name_modules_and_deep_parameters():
     with am.track() as trace:
         model(x).sum().backward()
         opt.step()
-    table = buffer_table(trace)
+    table = buffer_table(analyze(trace))
     assert table.headers[:3] == ("node", "module", "tensor")
     modules = {row[1] for row in table.rows}
     assert "model.layers.*.self_attn" in modules
@@ -240,7 +246,7 @@ def test_a_transformers_tables_name_modules_and_deep_parameters():
     labels = {v.label for v in trace.version_bumps}
     assert "model.layers.1.self_attn.in_proj_weight" in labels
     assert "opt.state[model.layers.0.self_attn.out_proj.weight]['exp_avg']" in labels
-    rows = {row[0]: row[3] for row in versions_table(trace).rows if row[1] == "addcdiv_"}
+    rows = {row[0]: row[3] for row in versions_table(analyze(trace)).rows if row[1] == "addcdiv_"}
     # (two layers are too few to merge: each keeps its own row)
     assert rows["model.layers.0.self_attn.in_proj_weight"] == "0 -> 1"
     assert rows["model.layers.1.self_attn.in_proj_weight"] == "0 -> 1"
@@ -250,7 +256,8 @@ def test_the_module_table_shows_identical_repeated_layers_once():
     """GIVEN a 4-layer encoder behind an input projection (so every layer gets an activation,
     and all four save alike) WHEN its module table is built THEN layer 0 is expanded and layers
     1-3 are one row saying they are alike."""
-    from autograd_magic.views.module_table import module_table
+    from autograd_magic.analysis.result import analyze
+    from autograd_magic.report.modules import module_table
 
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(16, nhead=2, dim_feedforward=32, batch_first=True)
@@ -258,7 +265,7 @@ def test_the_module_table_shows_identical_repeated_layers_once():
     model = nn.Sequential(nn.Linear(16, 16), encoder)
     with am.track() as trace:
         out = model(torch.randn(2, 5, 16))
-    rows = [(row[0].strip(), row[1]) for row in module_table(trace).rows]
+    rows = [(row[0].strip(), row[1]) for row in module_table(analyze(trace)).rows]
     assert ("0", "TransformerEncoderLayer") in rows
     assert ("self_attn", "MultiheadAttention") in rows
     assert ("1-3", "TransformerEncoderLayer x3 (each as 0)") in rows
@@ -388,13 +395,14 @@ def test_modules_made_in_every_step_are_not_kept_and_not_scanned(gc_disabled):
 
 def test_the_module_table_says_what_each_column_counts():
     # GIVEN a module called in a 5-step loop
-    from autograd_magic.views.module_table import module_table
+    from autograd_magic.analysis.result import analyze
+    from autograd_magic.report.modules import module_table
 
     model = torch.nn.Linear(4, 4)
     with am.track() as trace:
         for _ in range(5):
             model(torch.ones(2, 4)).sum().backward()
-    table = module_table(trace)
+    table = module_table(analyze(trace))
     # THEN the saved column names itself a sum over calls, the peak a moment (issue 36, item 2)
     saved, peak = table.headers.index("saved, all calls"), table.headers.index("peak held at once")
     (row,) = table.rows

@@ -6,10 +6,11 @@ import gc
 import weakref
 
 import torch
-from traces import handmade_trace
+from traces import handmade_trace, report
 
 import autograd_magic
-from autograd_magic.views.panel import TracePanel, live_panel
+from autograd_magic.report.model import SectionId
+from autograd_magic.views.panel import TABS, TracePanel, live_panel
 from autograd_magic.views.text import render_text
 
 
@@ -31,13 +32,17 @@ def test_tables_and_graph_are_built_when_their_tab_is_first_selected():
     # GIVEN a finished trace's panel: the cell's end drew the summary and timeline only
     panel = TracePanel(handmade_trace())
     assert panel.buffers.value == "" and panel.graph_image.value == b""
-    # WHEN a table tab is selected THEN every table is filled
-    panel.tabs.selected_index = 3
+    # WHEN a table tab is selected THEN its tables are filled, and the others' are not yet
+    panel.tabs.selected_index = TABS.index(SectionId.BUFFERS)
     assert "SumBackward0#4" in panel.buffers.value
     assert "released (line 5)" in panel.buffers.value
     assert "Totals by state" in panel.buffers.value
+    assert panel.storage.value == ""
+    # AND each other table tab is filled when it is selected
+    panel.tabs.selected_index = TABS.index(SectionId.STORAGE)
     assert "copy of h_view" in panel.storage.value
     assert "detach" in panel.storage.value
+    panel.tabs.selected_index = TABS.index(SectionId.VERSIONS)
     assert "BYPASS through h" in panel.versions.value
     assert "--jp-warn-color1" in panel.versions.value  # bypassing write flagged
     assert panel.tabs.titles == (
@@ -50,7 +55,7 @@ def test_tables_and_graph_are_built_when_their_tab_is_first_selected():
     )
     assert panel.graph_image.value == b""
     # AND the graph is drawn when its tab is selected
-    panel.tabs.selected_index = 2
+    panel.tabs.selected_index = TABS.index(SectionId.GRAPH)
     assert "All 4 recorded nodes are shown." in panel.graph_note.value
     assert bytes(panel.graph_image.value).startswith(b"\x89PNG")
     assert bytes(panel.timeline_image.value).startswith(b"\x89PNG")
@@ -58,7 +63,7 @@ def test_tables_and_graph_are_built_when_their_tab_is_first_selected():
 
 def test_choosing_a_node_shows_its_saved_tensors_and_lines():
     panel = TracePanel(handmade_trace())
-    panel.tabs.selected_index = 2
+    panel.tabs.selected_index = TABS.index(SectionId.GRAPH)
     labels = [label for label, _ in panel.node_select.options]
     assert labels[0] == "AccumulateGrad (line 2)"
     before = panel.graph_image.value
@@ -76,7 +81,7 @@ def test_static_fallback_has_images_text_and_the_widget_view():
     trace = handmade_trace()
     panel = TracePanel(trace)
     bundle = panel._repr_mimebundle_()
-    assert bundle["text/plain"] == render_text(trace)
+    assert bundle["text/plain"] == render_text(report(trace, "cell"))
     assert bundle["text/html"].count("data:image/png;base64,") == 2
     assert "3 now / 4 peak" in bundle["text/html"]
     assert "--jp-ui-font-color1" in bundle["text/html"]
@@ -93,7 +98,7 @@ def test_running_trace_shows_progress_and_fills_the_rest_at_finish():
     panel.trace = finished
     panel.finish()
     assert "finished" in panel.status.value
-    panel.tabs.selected_index = 3
+    panel.tabs.selected_index = TABS.index(SectionId.BUFFERS)
     assert "SumBackward0#4" in panel.buffers.value
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
-from traces import handmade_trace
+from traces import handmade_trace, report
 
 import autograd_magic
 from autograd_magic.analysis import layout
@@ -105,7 +105,7 @@ def test_under_the_cap_every_node_is_its_own_box():
 def test_timeline_marks_backward_drops_and_error_with_lines():
     trace = handmade_trace(error=True)
     trace.timeline.append(trace.timeline[-1]._replace(seq=10, live_nodes=0, line=8))
-    fig = plots.timeline_figure(trace)
+    fig = plots.timeline_figure(report(trace).timeline)
     labels = texts(fig)
     assert "backward L5" in labels
     assert "freed L8" in labels
@@ -114,7 +114,8 @@ def test_timeline_marks_backward_drops_and_error_with_lines():
 
 
 def test_empty_trace_figures_say_so():
-    assert "Nothing recorded yet" in texts(plots.timeline_figure(autograd_magic.Trace()))
+    timeline = report(autograd_magic.Trace()).timeline
+    assert "Nothing recorded yet" in texts(plots.timeline_figure(timeline))
     empty = plots.graph_figure(layout.graph_view(autograd_magic.Trace()))
     assert "No autograd nodes recorded" in texts(empty)
 
@@ -123,7 +124,7 @@ def test_no_pyplot_state_and_png_helpers():
     assert "import matplotlib.pyplot" not in inspect.getsource(plots)
     assert "from matplotlib import pyplot" not in inspect.getsource(plots)
     pyplot = pytest.importorskip("matplotlib.pyplot")
-    png = plots.figure_png(plots.timeline_figure(handmade_trace()))
+    png = plots.figure_png(plots.timeline_figure(report(handmade_trace()).timeline))
     png += plots.figure_png(plots.graph_figure(layout.graph_view(handmade_trace())))
     assert pyplot.get_fignums() == []
     assert png.startswith(b"\x89PNG")
@@ -136,7 +137,7 @@ def test_static_pngs_are_compacted_to_a_palette_of_the_same_size():
     # GIVEN a rendered timeline WHEN compacted for a saved notebook output
     from PIL import Image
 
-    png = plots.figure_png(plots.timeline_figure(handmade_trace()))
+    png = plots.figure_png(plots.timeline_figure(report(handmade_trace()).timeline))
     small = static.compact_png(png)
     # THEN it is well under the original, decodes, and keeps the picture's dimensions
     assert len(small) < 0.7 * len(png), (len(small), len(png))
@@ -236,7 +237,7 @@ def test_timeline_ticks_count_whole_events():
     trace = handmade_trace()
     last = trace.timeline[-1]
     trace.timeline += [last._replace(seq=last.seq + 1 + k) for k in range(9)]
-    fig = plots.timeline_figure(trace)
+    fig = plots.timeline_figure(report(trace).timeline)
     ticks = fig.axes[1].get_xticks()
     assert all(float(t).is_integer() for t in ticks), ticks
 
@@ -298,7 +299,7 @@ def test_the_timeline_labels_of_a_cell_that_raises_neither_overlap_nor_leave_the
         for _ in range(2):
             loss.backward()  # the second raises on this line: the first freed the graph
     # WHEN the finished timeline is drawn
-    fig = plots.timeline_figure(trace)
+    fig = plots.timeline_figure(report(trace).timeline)
     labels = _labels_of(fig)
     texts = [text for text, _ in labels]
     # THEN its labels (issue 36, item 5: "freed L9", "backward L11", "error L11") are all there,

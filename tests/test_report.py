@@ -6,7 +6,7 @@ import dataclasses
 import re
 
 import torch
-from traces import handmade_trace, site
+from traces import analysis, handmade_trace, report, site
 
 import autograd_magic
 from autograd_magic.model.records import (
@@ -16,20 +16,18 @@ from autograd_magic.model.records import (
     TimelineSample,
     VersionBump,
 )
-from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import format_bytes
-from autograd_magic.views.text import (
-    MAX_TABLE_ROWS,
-    TEXT_TABLE_ROWS,
-    backward_sentences,
-    buffer_table,
-    buffer_totals,
-    render_text,
-    sentences,
-    storage_table,
-    summary_items,
-    versions_table,
-)
+from autograd_magic.report.buffers import buffer_table, buffer_totals, storage_table
+from autograd_magic.report.model import MAX_TABLE_ROWS, TEXT_TABLE_ROWS
+from autograd_magic.report.sentences import backward_sentences, summary_items
+from autograd_magic.report.versions import versions_table
+from autograd_magic.trace import Trace
+from autograd_magic.views.text import render_text
+
+
+def sentences(trace: Trace, block: str = "block"):
+    """The report's sentences of `trace` as it is now."""
+    return list(report(trace, block).sentences)
 
 
 def test_format_bytes_uses_binary_units():
@@ -41,7 +39,7 @@ def test_format_bytes_uses_binary_units():
 
 
 def test_summary_gives_now_and_peak():
-    items = dict(summary_items(handmade_trace()))
+    items = dict(summary_items(analysis(handmade_trace())))
     assert items["Live autograd nodes"] == "3 now / 4 peak"
     assert items["Retained saved tensors"] == "4.0 KiB now / 4.0 KiB peak"
     assert items["Backward calls"] == "1"
@@ -66,7 +64,7 @@ def test_sentences_report_record_caps_instead_of_cutting_silently():
 
 
 def test_backward_sentences_name_flags_and_what_was_released():
-    (call,) = backward_sentences(handmade_trace())
+    (call,) = backward_sentences(analysis(handmade_trace()))
     assert call.text == (
         "Line 5: backward(retain_graph=True) released 1 saved tensor, freeing 24 B of retained "
         "memory; the graph was kept for another backward."
@@ -77,14 +75,14 @@ def test_failed_backward_is_an_error_sentence():
     trace = handmade_trace()
     trace.backward_calls[0].error_type = "RuntimeError"
     trace.backward_calls[0].error = "second time"
-    (call,) = backward_sentences(trace)
+    (call,) = backward_sentences(analysis(trace))
     assert call.kind == "error"
     assert call.text.endswith("failed with RuntimeError: second time")
 
 
 def test_buffer_table_lists_held_first_with_lines_and_totals_by_state():
     trace = handmade_trace()
-    table = buffer_table(trace)
+    table = buffer_table(analysis(trace))
     assert [row[0] for row in table.rows] == [
         "SumBackward0#4",
         "MulBackward0#2",
@@ -92,17 +90,17 @@ def test_buffer_table_lists_held_first_with_lines_and_totals_by_state():
     ]
     assert table.rows[2][-1] == "released (line 5)"
     assert table.rows[1][6] == "your tensor"  # why its bytes are not counted as retained
-    totals = {(r[0], r[1]): r[2:] for r in buffer_totals(trace).rows}
+    totals = {(r[0], r[1]): r[2:] for r in buffer_totals(analysis(trace)).rows}
     assert totals[("held", "activation")] == ("1", "4.0 KiB")
     assert totals[("released", "activation")] == ("1", "24 B")
-    assert buffer_table(trace, {3}).rows[0][0] == "ExpBackward0#3"
+    assert buffer_table(analysis(trace), {3}).rows[0][0] == "ExpBackward0#3"
 
 
 def test_buffer_table_says_when_rows_were_left_out():
     trace = handmade_trace()
     extra = trace.buffers[2]
     trace.buffers = [dataclasses.replace(extra, nbytes=n + 1) for n in range(MAX_TABLE_ROWS + 3)]
-    table = buffer_table(trace)
+    table = buffer_table(analysis(trace))
     assert len(table.rows) == MAX_TABLE_ROWS
     assert table.note == (
         f"Showing the first {MAX_TABLE_ROWS} of {MAX_TABLE_ROWS + 3} rows "
@@ -116,7 +114,7 @@ def test_buffer_table_groups_tensors_alike_but_for_their_node():
     exp = trace.buffers[1]
     trace.buffers = [dataclasses.replace(exp, id=100 + i) for i in range(1000)] + [trace.buffers[0]]
     # THEN they read as one row with the count and per-tensor bytes; the odd one keeps its id
-    rows = buffer_table(trace).rows
+    rows = buffer_table(analysis(trace)).rows
     assert len(rows) == 2
     assert rows[0][0] == "MulBackward0#2"
     assert rows[1][0] == "ExpBackward0 (x1,000)"
@@ -132,7 +130,7 @@ def test_backward_calls_group_by_line_with_what_each_released():
         BackwardCall("backward", 900, site(20), False, False, 901, 2, 100),
         BackwardCall("backward", 902, site(20), False, False, 903, 4, 300),
     ]
-    texts = [s.text for s in backward_sentences(trace)]
+    texts = [s.text for s in backward_sentences(analysis(trace))]
     # THEN one sentence per line, saying how many calls and what each released
     assert texts == [
         "Line 13: 363 backward() calls, each released 5 saved tensors, freeing 2.5 KiB of "
@@ -148,7 +146,7 @@ def test_version_bumps_group_by_tensor_and_op():
     trace.version_bumps = [
         VersionBump("w", "add_", i, i + 1, 10 + i, site(19)) for i in range(1000)
     ] + [VersionBump("b", "mul_", 0, 1, 5, site(19))]
-    rows = versions_table(trace).rows
+    rows = versions_table(analysis(trace)).rows
     # THEN one row per tensor and op, with the version range and the count of writes
     assert rows == (
         ("b", "mul_", "line 19", "0 -> 1", "", "", ""),
@@ -168,7 +166,7 @@ def test_version_bumps_of_repeated_layers_and_optimizer_state_share_a_row():
             bumps.append(VersionBump(f"tensor#{len(bumps)}", "add_", 0, 1, 12, site(19)))
     bumps += [VersionBump(f"seq.{i}.weight", "add_", 3, 4, 13, site(20)) for i in (0, 2)]
     trace.version_bumps = bumps
-    rows = {row[:4] for row in versions_table(trace).rows}
+    rows = {row[:4] for row in versions_table(analysis(trace)).rows}
     # THEN each parameter of the repeated layers is one row, with how many tensors it covers
     assert ("model.layers.*.weight", "addcdiv_", "line 19", "0 -> 1 each (4 tensors)") in rows
     # AND each optimizer state entry is one row, and so are the step's unnamed temporaries
@@ -185,25 +183,25 @@ def test_text_report_caps_each_table_and_says_so():
     trace.version_bumps = [
         VersionBump(f"t{i}", "add_", 0, 1, 10 + i, site(19)) for i in range(TEXT_TABLE_ROWS + 5)
     ]
-    text = render_text(trace)
+    text = render_text(report(trace))
     assert f"(Showing {TEXT_TABLE_ROWS} of {TEXT_TABLE_ROWS + 5} rows.)" in text
     assert f"t{TEXT_TABLE_ROWS + 4} " not in text
 
 
 def test_storage_and_version_tables():
     trace = handmade_trace()
-    rows = storage_table(trace).rows
+    rows = storage_table(analysis(trace)).rows
     assert ("group 1", "h", "original", "shares memory") in rows
     assert ("group 1", "h_view", "detach", "shares memory") in rows
     assert ("group 1", "h_copy", "copy of h_view", "own memory (copy)") in rows
-    versions = versions_table(trace).rows
+    versions = versions_table(analysis(trace)).rows
     assert versions[0][:5] == ("h_view", "add_", "line 6", "0 -> 1", "h")
     assert versions[0][6] == ""
     assert versions[1][6].startswith("BYPASS through h: version unchanged")
 
 
 def test_render_text_has_every_section():
-    text = render_text(handmade_trace(error=True))
+    text = render_text(report(handmade_trace(error=True)))
     assert text.startswith("autograd_magic trace (error)")
     for part in (
         "Live autograd nodes: 3 now / 4 peak",
@@ -219,7 +217,7 @@ def test_render_text_has_every_section():
 
 
 def test_render_text_of_an_empty_running_trace():
-    text = render_text(Trace())
+    text = render_text(report(Trace()))
     assert text.startswith("autograd_magic trace (running)")
     assert "Saved tensors: none" in text
 
@@ -245,7 +243,7 @@ def test_a_clean_cell_says_no_findings_and_nothing_about_an_empty_end_state():
 def test_a_sentence_names_each_line_once():
     # GIVEN findings whose sentences already name their own and related lines (issue 22, 6)
     trace = handmade_trace()
-    trace.findings = [
+    trace.stored_findings = [
         Finding("backward-through-freed", "`loss.backward()` at line 7 needs line 3.", 7, (3, 4)),
         Finding("kept-alive", "`h` keeps lines 2, 3 and 5 alive.", 5, (2, 3)),
         Finding("unused-graph", "A graph nobody used.", 9, (8,)),
@@ -281,11 +279,11 @@ def test_pytorchs_error_text_appears_once_in_the_report():
         )
     )
     # WHEN the text report is rendered THEN the error's text appears once, in the findings
-    text = render_text(trace, tables=False)
+    text = render_text(report(trace), tables=False)
     assert text.count("Trying to backward through the graph a second time") == 1, text
     assert "Line 7 raised RuntimeError: Trying to backward" in text
     # AND the failed call says it failed, pointing at the error instead of repeating it
-    calls = [s.text for s in backward_sentences(trace)]
+    calls = [s.text for s in backward_sentences(analysis(trace))]
     assert calls[-1] == "Line 7: backward() failed with the RuntimeError above."
 
 
@@ -296,7 +294,7 @@ def test_a_caught_backward_error_keeps_its_text_in_the_calls():
         BackwardCall("backward", 9, site(7), False, False, None, error="boom", error_type="E")
     )
     # THEN its text is given where the call is listed: nowhere else has it
-    assert backward_sentences(trace)[-1].text == "Line 7: backward() failed with E: boom"
+    assert backward_sentences(analysis(trace))[-1].text == "Line 7: backward() failed with E: boom"
 
 
 def _running_loop(grow: int) -> Trace:
@@ -346,9 +344,9 @@ def test_a_cut_table_names_the_live_panel_only_beside_one():
 
     trace = _many_rows_trace()
     # WHEN rendered as a script's report (no live panel) and as a notebook's saved copy
-    report, saved_copy = static_html(trace), page(trace)
+    script, saved_copy = static_html(report(trace)), page(report(trace, "cell", live_panel=True))
     # THEN only the notebook's copy points to the live panel (issue 36, item 4)
-    assert "rows in this saved output." in report and "live panel" not in report
+    assert "rows in this saved output." in script and "live panel" not in script
     assert "rows in this saved output; the live panel lists up to" in saved_copy
 
 
@@ -373,9 +371,7 @@ def test_a_fused_ops_saved_tensor_says_what_the_op_computes():
     with autograd_magic.track() as trace:
         out, _ = lstm(torch.ones(3, 1, 4))
         loss = out.sum()
-    from autograd_magic.views.text import buffer_table
-
-    names = {row[2] for row in buffer_table(trace).rows}
+    names = {row[2] for row in buffer_table(analysis(trace)).rows}
     # THEN the Buffers tab names it by what it is, not only by the kernel's name (issue 36, 7)
     assert any(n.startswith("saved by the LSTM/GRU layer (") for n in names), names
     del loss

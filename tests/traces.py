@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from autograd_magic.analysis.result import Analysis, analyze
 from autograd_magic.model.records import (
     AliasLink,
     BackwardCall,
@@ -13,9 +14,12 @@ from autograd_magic.model.records import (
     NodeRecord,
     SavedBuffer,
     Site,
+    TimelineSample,
     VersionBump,
 )
-from autograd_magic.model.trace import TimelineSample, Trace
+from autograd_magic.report.build import ReportOptions, report_of
+from autograd_magic.report.model import Report
+from autograd_magic.trace import Trace
 
 
 def site(line: int) -> Site:
@@ -60,7 +64,8 @@ def handmade_trace(error: bool = False) -> Trace:
         VersionBump("h_view", "add_", 0, 1, 6, site(6), affected=("h",)),
         VersionBump("h_view", "mul_", 1, 1, 7, site(7), bypass=True, bypassed="h"),
     ]
-    trace.findings = [
+    # Worded as a file of format 1-3 stores them: the report shows these, finds none itself.
+    trace.stored_findings = [
         Finding("kept-alive", "`loss` keeps the graph built at line 4 alive.", 4, (2, 3)),
     ]
     trace.blindspots = [Blindspot("compiled", "Code compiled with torch.compile ran.", 3)]
@@ -122,6 +127,16 @@ def module_trace(layers: int = 12, own_ops: int = 1) -> Trace:
             prev = node("AddBackward0", block, (prev, start))
     node("SumBackward0", None, (prev,), line=4)
     return Trace.from_records(nodes, buffers, module_calls=calls, module_types=types, finished=True)
+
+
+def report(trace: Trace, block: str = "block", **options: Any) -> Report:
+    """The report every renderer lowers, of `trace` as it is now."""
+    return report_of(trace, ReportOptions(block=block, **options))
+
+
+def analysis(trace: Trace) -> Analysis:
+    """The analysis of `trace` as it is now (what the report's parts read)."""
+    return analyze(trace)
 
 
 def _buffer(buffer_id: int, node_id: int, is_leaf: bool, seq: int, **fields: Any) -> SavedBuffer:
