@@ -7,13 +7,12 @@ import re
 from collections.abc import Callable, Iterable
 
 from autograd_magic.analysis.layout import Box
-from autograd_magic.analysis.live import NodeGrowth, built_line
 from autograd_magic.analysis.result import Analysis
 from autograd_magic.model.records import BackwardCall, Finding
 from autograd_magic.model.units import format_bytes, where
 from autograd_magic.report.model import Sentence
 from autograd_magic.report.modules import top_modules_text
-from autograd_magic.report.wording import finding, quoted_source
+from autograd_magic.report.wording import finding, growth_finding
 
 
 def summary_items(analysis: Analysis) -> list[tuple[str, str]]:
@@ -61,7 +60,7 @@ def sentences(analysis: Analysis, block: str) -> list[Sentence]:
     for found in worded_findings(analysis):
         out.append(Sentence(_with_lines(found.message, found), found.line, "finding"))
     if analysis.growth is not None:
-        out.append(_growth_sentence(analysis.growth, block))
+        out.append(growth_finding(analysis.growth, block))
     for spot in trace.blindspots:
         out.append(Sentence(spot.message, spot.line, "blindspot"))
     if trace.dropped_nodes or trace.dropped_buffers or trace.dropped_events:
@@ -88,26 +87,6 @@ def sentences(analysis: Analysis, block: str) -> list[Sentence]:
             )
         )
     return out
-
-
-def _growth_sentence(growth: NodeGrowth, block: str) -> Sentence:
-    """The provisional finding of a running trace whose live nodes grow at every step."""
-    per_step = f"{growth.per_step:,.0f}" if growth.per_step >= 10 else f"{growth.per_step:.3g}"
-    text = (
-        f"So far, live autograd nodes grow by {per_step} per step ({growth.alive:,} alive after "
-        f"{growth.steps:,} backward calls)"
-    )
-    line = built_line(growth)
-    held = f"`{growth.holder}` holds them" if growth.holder else "something still holds it"
-    if growth.built is not None:
-        text += (
-            f": the graph built at line {line}{quoted_source(growth.built)} stays alive after "
-            f"its backward, {held}"
-        )
-    elif growth.holder is not None:
-        text += f": `{growth.holder}` holds the graphs of the last steps"
-    text += "." if growth.holder else f". The {block}'s end names the variable that holds it."
-    return Sentence(text, line, "finding")
 
 
 def _with_lines(text: str, finding: Finding) -> str:

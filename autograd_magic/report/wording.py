@@ -35,8 +35,10 @@ from autograd_magic.analysis.findings.facts import (
     SharedWrite,
     UnusedGraphs,
 )
+from autograd_magic.analysis.live import NodeGrowth, built_line
 from autograd_magic.model.records import Finding
 from autograd_magic.model.units import cell_line, format_bytes
+from autograd_magic.report.model import Sentence
 from autograd_magic.report.quotes import (
     CARRIED_VALUE,
     INPLACE_ERROR,
@@ -57,7 +59,7 @@ from autograd_magic.report.quotes import (
 
 F = TypeVar("F", bound=Fact)
 
-__all__ = ["CARRIED_VALUE", "INPLACE_ERROR", "finding", "quoted_source", "words_of"]
+__all__ = ["CARRIED_VALUE", "INPLACE_ERROR", "finding", "growth_finding", "words_of"]
 
 
 def finding(fact: Fact) -> Finding:
@@ -376,3 +378,22 @@ if set(_WORDS) != set(FACT_TYPES):  # a form without words (or words without a f
     raise RuntimeError(
         f"findings wording out of step with the facts: {set(_WORDS) ^ set(FACT_TYPES)}"
     )
+
+
+# ----- the live finding, while the block runs -----------------------------------------------
+def growth_finding(growth: NodeGrowth, block: str) -> Sentence:
+    """The live finding of a running trace whose live nodes grow at every step."""
+    per_step = f"{growth.per_step:,.0f}" if growth.per_step >= 10 else f"{growth.per_step:.3g}"
+    text = (
+        f"So far, live autograd nodes grow by {per_step} per step ({growth.alive:,} alive after "
+        f"{growth.steps:,} backward calls)"
+    )
+    line = built_line(growth)
+    held = f"`{growth.holder}` holds them" if growth.holder else "something still holds it"
+    if growth.built is not None:
+        quote = quoted_source(growth.built)
+        text += f": the graph built at line {line}{quote} stays alive after its backward, {held}"
+    elif growth.holder is not None:
+        text += f": `{growth.holder}` holds the graphs of the last steps"
+    text += "." if growth.holder else f". The {block}'s end names the variable that holds it."
+    return Sentence(text, line, "finding")
