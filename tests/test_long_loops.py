@@ -41,7 +41,7 @@ def mlp_loop() -> autograd_magic.Trace:
 
 def test_text_report_of_a_clean_1000_step_loop_fits_on_two_screens(mlp_loop):
     # GIVEN a clean 1,000-step loop WHEN its text report is rendered
-    text = render_text(mlp_loop)
+    text = render_text(mlp_loop.report())
     lines = text.splitlines()
     # THEN it is under 150 lines, with one grouped sentence for the 1,000 backward calls
     assert len(lines) < 150, len(lines)
@@ -56,7 +56,7 @@ def test_text_report_of_a_clean_1000_step_loop_fits_on_two_screens(mlp_loop):
 def test_timeline_of_a_long_loop_is_an_envelope_over_steps(mlp_loop):
     # GIVEN far more samples than pixel columns WHEN the timeline is drawn
     assert len(mlp_loop.timeline) > 5000
-    fig = figures.timeline_figure(mlp_loop)
+    fig = figures.timeline_figure(mlp_loop.report().timeline)
     nodes, retained = fig.axes
     # THEN the x axis counts training steps (one per backward call), 0 to 1,000
     assert nodes.get_xlim()[1] == pytest.approx(STEPS, rel=0.1)
@@ -75,7 +75,7 @@ def test_short_traces_keep_the_event_axis_and_exact_steps():
     x = torch.ones(3, requires_grad=True)
     with autograd_magic.track(namespace={}) as trace:
         x.exp().sum().backward()
-    fig = figures.timeline_figure(trace)
+    fig = figures.timeline_figure(trace.report().timeline)
     assert fig.axes[1].get_xlabel().startswith("recorded events in order")
     assert fig.axes[0].get_title(loc="left") == ""
 
@@ -85,7 +85,7 @@ def test_timeline_png_is_transparent_for_dark_themes(mlp_loop):
 
     from PIL import Image
 
-    png = figures.figure_png(figures.timeline_figure(mlp_loop))
+    png = figures.figure_png(figures.timeline_figure(mlp_loop.report().timeline))
     image = Image.open(io.BytesIO(png)).convert("RGBA")
     assert image.getpixel((2, 2))[3] == 0  # the background shows through
 
@@ -131,7 +131,7 @@ def test_live_timeline_is_a_fast_sparkline_with_its_scales_in_words(mlp_loop):
     try:
         panel = TracePanel(mlp_loop)
         start = time.perf_counter()
-        png = series.sparkline_png(mlp_loop)
+        png = series.sparkline_png(mlp_loop.timeline, mlp_loop.backward_calls)
         elapsed = time.perf_counter() - start
         note = panel.timeline_note.value
     finally:

@@ -16,7 +16,7 @@ from IPython.utils.capture import capture_output
 import autograd_magic
 from autograd_magic import magic
 from autograd_magic.magic import await_cells
-from autograd_magic.model.trace import Trace
+from autograd_magic.trace import Trace
 from autograd_magic.views import panel as panel_module
 
 

@@ -16,7 +16,8 @@ from markers import marker_lines
 from torch.utils.checkpoint import checkpoint
 
 import autograd_magic as am
-from autograd_magic.views.text import buffer_table
+from autograd_magic.analysis.result import analyze
+from autograd_magic.report.buffers import buffer_table
 
 line_of = marker_lines(__file__)
 INPLACE = "modified by an inplace operation"
@@ -510,7 +511,7 @@ def test_every_saved_tensor_row_has_a_name_or_an_op_label():
     with am.track() as trace:
         hidden = torch.tanh(lin(x))
         loss = hidden.pow(2).sum()
-    table = buffer_table(trace)
+    table = buffer_table(analyze(trace))
     column = table.headers.index("tensor")
     rows = {row[column] for row in table.rows}
     assert "" not in rows

@@ -15,7 +15,8 @@ from retained_cases import CASES
 from retained_truth import measure
 
 import autograd_magic as am
-from autograd_magic.views.text import buffer_table
+from autograd_magic.analysis.result import analyze
+from autograd_magic.report.buffers import buffer_table
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__)
@@ -42,7 +43,7 @@ def test_an_lstm_workspace_counts_and_says_why_other_tensors_do_not(gc_disabled)
         for _ in range(3):
             out, _ = lstm(torch.randn(4, 2, 8))
             outs.append(out)
-    table = buffer_table(trace)
+    table = buffer_table(analyze(trace))
     dtype, kind = table.headers.index("dtype"), table.headers.index("kind")
     kinds = {(row[dtype], row[kind]) for row in table.rows}
     assert ("uint8", "activation") in kinds

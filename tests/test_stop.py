@@ -82,7 +82,7 @@ for attempt in range(tries):
     outcome["entered"] = trace is not None
     outcome["error"] = recorder.trace.error
     try:
-        outcome["readable"] = "autograd_magic trace" in render_text(recorder.trace)
+        outcome["readable"] = "autograd_magic trace" in render_text(recorder.trace.report())
     except Exception as error:
         outcome["readable"] = repr(error)
     print(json.dumps(outcome), flush=True)
