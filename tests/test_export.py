@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import json
 import os
 import pickle
@@ -240,3 +241,93 @@ def test_findings_of_a_loaded_trace_do_not_depend_on_the_order_of_its_records():
     assert [f.message for f in analyze(shuffled)] == [f.message for f in analyze(trace)]
     assert {f.kind for f in analyze(trace)} >= {"kept-alive", "retained-graph"}
     del kept, loss
+
+
+# ----- files of older formats ---------------------------------------------------------------
+
+
+def _leaky() -> am.Trace:
+    """A finished trace with a finding: three graphs kept in a list."""
+    w = torch.ones(4, requires_grad=True)
+    with am.track() as trace:
+        kept = [(w * i).exp().sum() for i in range(3)]  # L:kept
+    del kept
+    return trace
+
+
+def _older(trace: am.Trace, version: int, findings: list[am.Finding]) -> str:
+    """`trace` as a file of format `version` (1-3) stored it: worded findings, no facts."""
+    document = json.loads(trace.to_json())
+    del document["facts"], document["sources"]
+    document["version"] = version
+    document["findings"] = [dataclasses.asdict(f) for f in findings]
+    if version < 3:  # buffers had no `held_by`: a leaf's bytes were not retained
+        for buffer in document["buffers"]:
+            del buffer["held_by"]
+    if version < 2:  # no module attribution
+        del document["module_calls"], document["module_types"]
+        for record in document["nodes"] + document["buffers"]:
+            record.pop("module", None)
+    return json.dumps(document)
+
+
+def test_the_json_stores_the_findings_as_facts():
+    """GIVEN a trace with a finding WHEN exported THEN the file holds its facts (no words) and
+    the lines they cite, and the loaded trace words the same findings."""
+    trace = _leaky()
+    document = json.loads(trace.to_json())
+    assert document["version"] == FORMAT_VERSION == 4 and "findings" not in document
+    assert len(document["facts"]) == len(trace.facts) >= 1
+    assert __file__ in document["sources"]
+    loaded = am.Trace.from_json(trace.to_json())
+    assert loaded.findings == trace.findings
+    assert loaded.stored_findings is None
+
+
+def test_a_version_3_files_worded_findings_load_and_render_as_stored():
+    """GIVEN a file of format 3, whose findings were stored as sentences WHEN loaded THEN its
+    findings are those sentences (not found again, not reworded), and every report shows them."""
+    from autograd_magic.views.html import static_html
+    from autograd_magic.views.panel import TracePanel
+    from autograd_magic.views.text import render_text
+
+    trace = _leaky()
+    line = line_of("kept")
+    stored = am.Finding("kept-alive", "`kept` holds 3 graphs (as worded then).", line, (line,))
+    loaded = am.Trace.from_json(_older(trace, 3, [stored]))
+    assert loaded.stored_findings == [stored] and loaded.findings == [stored]
+    # THEN the text report, the static HTML and the panel show the stored sentence
+    report = loaded.report()
+    assert report.findings == (stored,)
+    assert f"  - Line {line}: `kept` holds 3 graphs (as worded then)." in render_text(report)
+    assert "`kept` holds 3 graphs (as worded then)." in static_html(report)
+    assert "`kept` holds 3 graphs (as worded then)." in TracePanel(loaded).findings.value
+    # AND its records and numbers read as the live trace's
+    assert loaded.nodes == trace.nodes and loaded.snapshot() == trace.snapshot()
+    assert loaded.modules() == trace.modules()
+
+
+def test_a_version_3_file_without_findings_says_no_findings():
+    loaded = am.Trace.from_json(_older(_leaky(), 3, []))
+    assert loaded.findings == []
+    assert loaded.report().sentences[0].text == "No findings."
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_files_of_versions_1_and_2_load_with_the_leaf_rule_of_their_time(version):
+    """GIVEN a file of format 1 or 2 (buffers without `held_by`; format 1 also without modules)
+    WHEN loaded THEN a leaf's saved tensor is held by the user (not retained), as counted then,
+    and a format-1 trace has no module attribution."""
+    model = torch.nn.Linear(4, 4)
+    with am.track() as trace:
+        loss = model(torch.ones(2, 4)).exp().sum()
+    stored = am.Finding("kept-alive", "`loss` keeps its graph.", 3)
+    loaded = am.Trace.from_json(_older(trace, version, [stored]))
+    assert loaded.findings == [stored]
+    assert len(loaded.buffers) == len(trace.buffers)
+    held = {b.held_by for b in loaded.buffers if b.is_leaf}
+    assert held and held <= {"parameter", "user tensor"}
+    assert all(not b.is_leaf or b.held_by for b in loaded.buffers)
+    assert bool(loaded.module_calls) == (version == 2)
+    assert bool(loaded.modules()) == (version == 2)
+    del loss
