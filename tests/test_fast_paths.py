@@ -23,7 +23,7 @@ line_of = marker_lines(__file__)
 
 
 class _NoFastOps(set):
-    """A `PLAIN` set that stays empty: every op takes the general `_on_call` path."""
+    """A `PLAIN` set that stays empty: every op takes the general `OpRecording.general` path."""
 
     def add(self, item: object) -> None:
         pass

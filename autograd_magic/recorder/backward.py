@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from autograd_magic.model.records import BackwardCall, Site
-from autograd_magic.model.units import describe_error
 from autograd_magic.recorder import install, torch_api
 from autograd_magic.recorder.ops import OpKind
 from autograd_magic.recorder.tracebacks import drop_recorder_tail
@@ -83,9 +82,7 @@ def run_backward(host: BackwardHost, func: Any, kind: OpKind, args: tuple, kwarg
     try:
         return _call_user(func, args, kwargs)
     except BaseException as exc:
-        call.error = describe_error(exc)
-        call.error_type = type(exc).__name__
-        call.reached = tuple(reached)
+        writer.backward_failed(call, exc, reached)
         drop_recorder_tail(exc)
         raise
     finally:
@@ -95,29 +92,9 @@ def run_backward(host: BackwardHost, func: Any, kind: OpKind, args: tuple, kwarg
 def _reach(
     host: BackwardHost, call: BackwardCall, index: int, roots: list[torch.Tensor]
 ) -> list[int]:
-    """Walk the recorded graph the `index`-th backward call of the block is about to traverse
-    (records only, no nodes)."""
-    root_ids = host.root_node_ids(roots)
-    writer = host.writer
-    call.root_ids = tuple(root_ids)
-    previous = writer.previous_backward_seq
-    seen, stack = set(root_ids), list(root_ids)
-    while stack:
-        record = writer.node_record(stack.pop())
-        if record is None:
-            continue
-        if record.reached_by is None:
-            record.reached_by = index
-        if record.born_seq < previous and not record.existed_before:
-            call.earlier_nodes += 1
-        for child in record.next_ids:
-            if child not in seen:
-                seen.add(child)
-                stack.append(child)
-    call.graph_nodes = len(seen)
-    if call.retain_graph:
-        call.reached = tuple(seen)
-    return list(seen)
+    """What the `index`-th backward call of the block is about to traverse, by the records
+    (recording any root not seen yet)."""
+    return host.writer.backward_reach(call, index, host.root_node_ids(roots))
 
 
 def _backward_roots(arguments: dict[str, Any]) -> list[torch.Tensor]:

@@ -1,10 +1,12 @@
 """What the recorder does where it cannot see: `torch.from_numpy` made outside function modes,
 user saved-tensor hooks that hide saved tensors, and places PyTorch allows no tracking
-(`suspend`/`resume`), each noted once per line as a blind spot (`Recorder` inherits it)."""
+(`suspend`/`resume`), each noted once per line as a blind spot. `BlindSpots` is what the shared
+patches (`install`) call on each active block."""
 
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -15,9 +17,7 @@ from autograd_magic.recorder.ops import OpKind
 
 if TYPE_CHECKING:
     from autograd_magic.recorder.aliases import AliasTracker
-    from autograd_magic.recorder.mode import RecorderMode
-    from autograd_magic.recorder.sites import SiteFinder
-    from autograd_magic.recorder.writer import TraceWriter
+    from autograd_magic.recorder.state import BlockState
 
 _HOOKS_MESSAGE = (
     "Your own saved-tensor hooks (torch.utils.checkpoint, save_on_cpu, ...) were active at line "
@@ -25,29 +25,27 @@ _HOOKS_MESSAGE = (
 )
 
 
-class BlindSpotHandling:
-    """Mixin of `Recorder`: from_numpy links and blind spots (state set by its `__init__`)."""
+class BlindSpots:
+    """One block's answers to the shared patches (`install.Patched`), and its blind spots."""
 
-    writer: TraceWriter
-    aliases: AliasTracker
-    _sites: SiteFinder
-    _thread: int
-    _busy: int
-    _mode: RecorderMode | None
-    _suspended: str | None
-    _blind_lines: set[tuple[str, int]]
-    _pack_hook: Any
-    _unpack: Any
+    def __init__(self, state: BlockState, aliases: AliasTracker, owner: Any) -> None:
+        self.state = state
+        self.aliases = aliases
+        # The block's recorder, weakly (it holds this object): `install.live_blocks` lists
+        # these objects, and `uninstall()` ends their recorders.
+        self.owner = weakref.ref(owner)
+        self._lines: set[tuple[str, int]] = set()
 
     def from_numpy_made(self, tensor: torch.Tensor, array: Any) -> None:
         """`torch.from_numpy(array)` returned `tensor` while this block was active."""
-        if threading.get_ident() != self._thread:  # the patch is global; the block is not
+        state = self.state
+        if threading.get_ident() != state.thread:  # the patch is global; the block is not
             return
-        self._busy += 1
+        state.busy += 1
         try:
             self.aliases.link(tensor, array, "from_numpy", OpKind.AS_TENSOR)
         finally:
-            self._busy -= 1
+            state.busy -= 1
 
     def forget(self, obj: Any) -> None:
         """Hold no weak reference to `obj` any more (before `torch.utils.swap_tensors`)."""
@@ -55,34 +53,36 @@ class BlindSpotHandling:
 
     def user_hooks_entered(self) -> None:
         """User saved-tensor hooks were entered: they hide saved tensors from this block."""
-        if threading.get_ident() != self._thread:  # hooks are per thread: not this block's
+        if threading.get_ident() != self.state.thread:  # hooks are per thread: not this block's
             return
-        site = self._sites.here()
-        self._note_blindspot("saved-tensor-hooks", site, _HOOKS_MESSAGE)
+        self.note("saved-tensor-hooks", self.state.sites.here(), _HOOKS_MESSAGE)
 
     def suspend(self, kind: BlindspotKind, message: str) -> bool:
         """Step aside (hooks; the mode too unless only hooks are refused) where PyTorch allows no
         tracking; False when this block is not running on this thread."""
-        if self._mode is None or threading.get_ident() != self._thread or self._suspended:
+        state = self.state
+        if state.mode is None or threading.get_ident() != state.thread or state.suspended:
             return False
-        self._note_blindspot(kind, self._sites.here(), message)
-        self._suspended = "hooks" if kind == "hooks-disabled" else "all"
-        stacks.remove_hooks(self._pack_hook)
-        if self._suspended == "all":
-            stacks.remove_mode(self._mode)
+        self.note(kind, state.sites.here(), message)
+        state.suspended = "hooks" if kind == "hooks-disabled" else "all"
+        stacks.remove_hooks(state.pack)
+        if state.suspended == "all":
+            stacks.remove_mode(state.mode)
         return True
 
     def resume(self) -> None:
         """Undo `suspend` (nothing once the block has ended)."""
-        suspended, self._suspended = self._suspended, None
-        if self._mode is None or suspended is None:
+        state = self.state
+        suspended, state.suspended = state.suspended, None
+        if state.mode is None or suspended is None:
             return
-        stacks.push_hooks(self._pack_hook, self._unpack)
+        stacks.push_hooks(state.pack, state.unpack)
         if suspended == "all":
-            stacks.push_mode_innermost(self._mode)
+            stacks.push_mode_innermost(state.mode)
 
-    def _note_blindspot(self, kind: BlindspotKind, site: Site, message: str) -> None:
-        if (kind, site.line) in self._blind_lines:
+    def note(self, kind: BlindspotKind, site: Site, message: str) -> None:
+        """A blind spot of `kind` at `site` (once per kind and line); `message` has a {line}."""
+        if (kind, site.line) in self._lines:
             return
-        self._blind_lines.add((kind, site.line))
-        self.writer.blindspot(Blindspot(kind, message.format(line=site.line), site.line))
+        self._lines.add((kind, site.line))
+        self.state.writer.blindspot(Blindspot(kind, message.format(line=site.line), site.line))

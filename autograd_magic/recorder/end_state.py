@@ -1,5 +1,5 @@
 """What the writer records when a block ends: the user's names, holders of live graphs, module
-paths as the user would type them, the exception that ended it (`TraceWriter` inherits it)."""
+paths as the user would type them, the exception that ended it (`TraceWriter.end`)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,18 @@ from autograd_magic.model.records import Holder, Site
 from autograd_magic.model.trace import Trace
 
 
-class EndStateWriting:
-    """Mixin of `TraceWriter`: the end-of-block writes (state set by its `__init__`)."""
+class EndState:
+    """The end-of-block writes of one `TraceWriter` (which makes it and alone holds it)."""
 
-    trace: Trace
-    module_calls: dict[str, int]
-    module_types: dict[str, str]
+    def __init__(
+        self, trace: Trace, module_calls: dict[str, int], module_types: dict[str, str]
+    ) -> None:
+        self.trace = trace
+        # The writer's tables, filled as modules are called (`TraceWriter.module_entered`).
+        self.module_calls = module_calls
+        self.module_types = module_types
 
-    def end_names(
+    def names(
         self, labels: dict[int, str], alive: set[int], version_groups: dict[int, list[int]]
     ) -> None:
         """The user's names at the end of the block, which objects were still alive, and each
@@ -34,7 +38,7 @@ class EndStateWriting:
         """Which tracked objects are alive now, while the block runs (its end sets them too)."""
         self.trace.alive_at_end = alive
 
-    def name_buffers(self, names: dict[int, str]) -> None:
+    def buffer_names(self, names: dict[int, str]) -> None:
         """The user's names of saved tensors still held at the end (buffer id -> path)."""
         if not names:
             return
@@ -43,12 +47,12 @@ class EndStateWriting:
             if name is not None and not buffer.label:
                 buffer.label = name
 
-    def end_holders(self, holders: list[Holder]) -> None:
+    def holders(self, holders: list[Holder]) -> None:
         """User-visible paths that keep a live graph root alive at the end of the block (or, while
         it runs, at the last live refresh: replaced at each)."""
         self.trace.holders = list(holders)
 
-    def end_modules(self, root_names: dict[str, str]) -> None:
+    def modules(self, root_names: dict[str, str]) -> None:
         """Replace each root placeholder (`<0>`) in module paths by the user's name for that
         module (`model`), or by its class when it has none (a loss module made inside a
         forward: each step's instance then shares one path), and store every module's calls
@@ -76,7 +80,7 @@ class EndStateWriting:
         trace.module_calls = calls
         trace.module_types = {rename(p): t for p, t in types.items()}
 
-    def block_error(self, message: str, site: Site | None) -> None:
+    def error(self, message: str, site: Site | None) -> None:
         """The exception that ended the block."""
         self.trace.error = message
         self.trace.error_site = site

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Callable, Collection
-from types import CodeType, FrameType
+from collections.abc import Callable
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -18,7 +18,7 @@ from autograd_magic.recorder.naming import frame_namespace, walk_namespace
 from autograd_magic.recorder.nodes import grad_fn_of
 
 if TYPE_CHECKING:
-    from autograd_magic.recorder.writer import TraceWriter
+    from autograd_magic.recorder.state import BlockState
 
 MAX_PATHS_PER_ROOT = 4
 LIVE_BUDGET_S = 0.005  # a live refresh's walk; the end's walk has the block's naming budget
@@ -46,40 +46,39 @@ def noting_holders(key: str, holders: list[Holder]) -> Callable[[Any, str], None
     return note_holder
 
 
-class LiveHolderReading:
-    """Mixin of `Recorder`: the live refresh's short walk (state set by its `__init__`)."""
+class LiveHolders:
+    """The live refresh's short walk for holders of one block's graphs."""
 
-    writer: TraceWriter
-    _key: str
-    _namespace: dict[str, Any] | None
-    _home_code: CodeType | None
-    _ignore_names: Collection[str]
+    def __init__(self, state: BlockState) -> None:
+        self.state = state
 
-    def read_graph_holders(self) -> None:
+    def read(self) -> None:
         """Holders of live graph roots now, in the namespace the block was given (the magic's
         cell namespace) or the one of the code running the block, within a few milliseconds;
         provisional until the block ends."""
-        if self.writer.trace.live_nodes == 0:
+        state = self.state
+        if state.trace.live_nodes == 0:
             return
-        namespace = self._namespace if self._namespace is not None else self._home_namespace()
+        namespace = state.namespace if state.namespace is not None else self._home_namespace()
         if namespace is None:
             return
         holders: list[Holder] = []
         with torch_api.DisableTorchFunction():  # reading grad_fn must reach no user mode
             walk_namespace(
                 namespace,
-                noting_holders(self._key, holders),
+                noting_holders(state.key, holders),
                 budget_s=LIVE_BUDGET_S,
                 worth=has_graph,  # a dataset's tensors hold no graph: not visited
-                ignore=self._ignore_names,
+                ignore=state.ignore_names,
             )
-        self.writer.end_holders(holders)
+        state.writer.end.holders(holders)
 
     def _home_namespace(self) -> dict[str, Any] | None:
         """The globals and locals of the frame running the block (a refresh runs inside one of
         its torch calls, so that frame is on the stack)."""
+        home = self.state.home_code
         frame: FrameType | None = sys._getframe()
-        while frame is not None and frame.f_code is not self._home_code:
+        while frame is not None and frame.f_code is not home:
             frame = frame.f_back
         try:
             return None if frame is None else frame_namespace(frame)

@@ -76,12 +76,12 @@ def resolve_labels(
         found = (param_storage_names if b.freed else storage_names).get(b.storage_key)
         if found is not None:
             named[b.id] = _saved_name(b.shape, *found)
-    writer.name_buffers(named)
+    writer.end.buffer_names(named)
     labels = {
         uid: names.get(uid, registry.op_labels.get(uid, label))
         for uid, label in writer.trace.labels.items()
     }
-    writer.end_names(labels, set(alive.values()), _version_groups(writer.trace.links))
+    writer.end.names(labels, set(alive.values()), _version_groups(writer.trace.links))
     if skipped:
         kinds = ", ".join(sorted(skipped)[:5])
         writer.blindspot(

@@ -2,7 +2,7 @@
 
 It runs once per torch call, so it is kept short: compiled code gets a plain call (Dynamo traces
 this method), an interrupt held by a finalizer is raised here first (`deferred`), grad-off
-builtins skip the bookkeeping, and the common op takes the recorder's `_on_plain` path.
+builtins skip the bookkeeping, and the common op takes the `calls.OpRecording.plain` path.
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ class RecorderMode(install.BlockMode):
 
     def __init__(self, recorder: Any) -> None:
         super().__init__()
-        # The Recorder (typed Any: the recorder module imports this one). None once its block
-        # has ended: a mode torch puts back later only passes calls on.
+        # The block's `calls.OpRecording` (typed Any: that module imports this one). None once
+        # its block has ended: a mode torch puts back later only passes calls on.
         self.recorder: Any = recorder
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -98,24 +98,24 @@ class RecorderMode(install.BlockMode):
                     or (_get_tool(_DEBUGGER_ID) is None and _get_tool(_PROFILER_ID) is None)
                 )
             ):
-                call = recorder._stand_ins.for_frame(_frame(1))
+                call = recorder.stand_ins.for_frame(_frame(1))
             else:
                 call = plain_call
             if types and not _plain_types(types):
-                return recorder._on_subclass(func, args, kwargs or {}, call)
+                return recorder.subclass(func, args, kwargs or {}, call)
             if func in PLAIN and not (kwargs and "out" in kwargs):
                 if builtin and not _grad_enabled():
                     # Grad off (an optimizer step, evaluation): a builtin makes no node, saves
                     # nothing and writes nothing, so there is nothing to record.
                     out = call(func, args, kwargs)
-                    if recorder.writer.listener is not None:
-                        recorder._notify_listener()
+                    if recorder.listening.listener is not None:
+                        recorder.notify_listener()
                     return out
-                if not recorder._busy:
-                    return recorder._on_plain(func, args, kwargs, call)
-            elif func in INPLACE and not (kwargs and "out" in kwargs) and not recorder._busy:
-                return recorder._on_inplace(func, args, kwargs or {}, call)
-            return recorder._on_call(func, args, kwargs or {}, call)
+                if not recorder.state.busy:
+                    return recorder.plain(func, args, kwargs, call)
+            elif func in INPLACE and not (kwargs and "out" in kwargs) and not recorder.state.busy:
+                return recorder.inplace(func, args, kwargs or {}, call)
+            return recorder.general(func, args, kwargs or {}, call)
         except BaseException as error:
             # torch's dispatch to this mode exists only because the mode does (see tracebacks).
             hide_dispatch(_frame(1))

@@ -102,16 +102,13 @@ class ModuleTracker:
             raise_pending()
         path = self._path_of(module)
         self._stack.append(path)
-        writer = self._writer
-        writer.module = path
-        calls = writer.module_calls
-        calls[path] = calls.get(path, 0) + 1
+        self._writer.module_entered(path)
 
     def _leave(self, module: Any, args: Any, output: Any) -> None:
         if _get_ident() != self._thread or type(module).__name__ == _WRAPPED or not self._stack:
             return
         self._stack.pop()
-        self._writer.module = self._stack[-1] if self._stack else None
+        self._writer.module_left(self._stack[-1] if self._stack else None)
 
     def _path_of(self, module: Any) -> str:
         """`<k>.sub.path` inside the newest live root that holds it, or a new root `<k>`."""
@@ -131,10 +128,10 @@ class ModuleTracker:
         index = self._next_root
         self._next_root += 1
         prefix = f"<{index}>"
-        paths, types, ids = self._paths, self._writer.module_types, []
+        paths, writer, ids = self._paths, self._writer, []
         for name, sub in module.named_modules():
             path = f"{prefix}.{name}" if name else prefix
-            types.setdefault(path, type(sub).__name__)  # containers never called need it too
+            writer.module_type(path, type(sub).__name__)  # containers never called need it too
             paths.setdefault(id(sub), []).append((weakref.ref(sub), index, path))
             ids.append(id(sub))
         self._roots[index] = (weakref.ref(module), ids)

@@ -2,7 +2,7 @@
 
 A node cannot be weakly referenced and a strong reference would keep its graph alive, so each new
 node gets a `NodeTag` in its metadata dict; the tag dies with the C++ node and reports that death.
-`NodeRecording` is the part of the recorder that finds new nodes after each op and gives them the
+`NodeFinder` is the part of the recorder that finds new nodes after each op and gives them the
 saved buffers packed during it.
 """
 
@@ -19,7 +19,7 @@ from autograd_magic.model.units import ACCUMULATE_GRAD
 from autograd_magic.recorder import native, torch_api
 from autograd_magic.recorder.deferred import finalizer, hold
 from autograd_magic.recorder.saved import may_own_saved, probe_saved
-from autograd_magic.recorder.sites import SiteFinder
+from autograd_magic.recorder.state import BlockState
 from autograd_magic.recorder.torch_api import node_sequence_nr
 from autograd_magic.recorder.writer import NODES_CREATED, TraceWriter
 
@@ -78,28 +78,27 @@ def tag_maker() -> Callable[[weakref.ref[TraceWriter], int], Any]:
     return _python_tag if native.NATIVE is None else native.NATIVE.node_tag
 
 
-class NodeRecording:
-    """Mixin of `Recorder`: node discovery and buffer ownership (state set by its `__init__`)."""
+class NodeFinder:
+    """Tags the nodes each op makes and gives them the buffers the op saved."""
 
-    writer: TraceWriter
-    _writer_ref: weakref.ref[TraceWriter]
-    _key: str
-    _sites: SiteFinder
-    _busy: int
-    _call_site: Site | None
-    _next_node_id: int
-    _new_tag: Callable[[weakref.ref[TraceWriter], int], Any]
-    _unowned: list[int]
-    _probe_hits: list[int] | None
-    _sequence_start: int
-    # Methods of the other parts of Recorder (annotations only: no attribute is made here).
-    _note_blindspot: Callable[[BlindspotKind, Site, str], None]
-    _unpack: Callable[[Any], torch.Tensor]
+    def __init__(
+        self,
+        state: BlockState,
+        note_blindspot: Callable[[BlindspotKind, Site, str], None],
+        unpack: Callable[[Any], torch.Tensor],
+    ) -> None:
+        self.state = state
+        # Never reassigned for a block: held here too, read on every op.
+        self.writer, self.key, self.sites = state.writer, state.key, state.sites
+        self._note_blindspot = note_blindspot
+        self._unpack = unpack  # our unpack hook, which a probe of saved attributes runs
+        self._next_node_id = 1
+        self._new_tag = tag_maker()
 
     def root_node_ids(self, roots: list[torch.Tensor]) -> list[int]:
         """The recorded node ids of the roots' `grad_fn`s (recording any not seen yet)."""
-        self._register_outputs(roots, len(self._unowned))
-        key, ids = self._key, []
+        self.register_outputs(roots, len(self.state.unowned))
+        key, ids = self.key, []
         for tensor in roots:
             grad_fn: Any = tensor.grad_fn
             tag = None if grad_fn is None else grad_fn.metadata.get(key)
@@ -107,14 +106,16 @@ class NodeRecording:
                 ids.append(tag.node_id)
         return ids
 
-    def _register_outputs(self, out: Any, mark: int) -> None:
-        key = self._key
+    def register_outputs(self, out: Any, mark: int) -> None:
+        """Tag the nodes behind an op's output(s) that this block has not seen (`mark`: how many
+        buffers were unowned when the op began)."""
+        key = self.key
         if isinstance(out, torch.Tensor):
             grad_fn = grad_fn_of(out)
             if grad_fn is not None:
                 metadata = grad_fn.metadata
-                if key not in metadata and not self._born_alone(grad_fn, metadata, mark):
-                    self._discover([grad_fn], mark)
+                if key not in metadata and not self.born_alone(grad_fn, metadata, mark):
+                    self.discover([grad_fn], mark)
             return
         if isinstance(out, (tuple, list)):
             roots = []
@@ -124,11 +125,11 @@ class NodeRecording:
                     if grad_fn is not None and key not in grad_fn.metadata:
                         roots.append(grad_fn)
             if roots:
-                self._discover(roots, mark)
+                self.discover(roots, mark)
 
-    def _born_alone(self, node: Any, metadata: dict, mark: int) -> bool:
+    def born_alone(self, node: Any, metadata: dict, mark: int) -> bool:
         """Fast path for the common op: one new node whose inputs' nodes are all known."""
-        key = self._key
+        key = self.key
         next_ids = []
         for child, _ in node.next_functions:
             if child is not None:
@@ -138,11 +139,12 @@ class NodeRecording:
                 next_ids.append(tag[1])
         node_id = self._next_node_id
         self._next_node_id = node_id + 1
-        metadata[key] = self._new_tag(self._writer_ref, node_id)
-        site = self._call_site or self._sites.here()
+        state = self.state
+        metadata[key] = self._new_tag(state.writer_ref, node_id)
+        site = state.call_site or self.sites.here()
         writer = self.writer
         writer.op_node(node_id, type(node).__name__, site, tuple(next_ids))
-        unowned = self._unowned
+        unowned = state.unowned
         if unowned:
             if mark == 0:
                 # Everything saved during this op, and one new node (an op's output node is
@@ -153,10 +155,10 @@ class NodeRecording:
                 self._assign_buffers([(node, node_id, None)], mark, site)
         return True
 
-    def _discover(self, roots: list[Any], mark: int) -> None:
+    def discover(self, roots: list[Any], mark: int) -> None:
         """Tag every node reachable from `roots` that this trace has not seen; assign buffers."""
-        writer = self.writer
-        key, writer_ref, new_tag = self._key, self._writer_ref, self._new_tag
+        writer, state = self.writer, self.state
+        key, writer_ref, new_tag = self.key, state.writer_ref, self._new_tag
         stack, found = list(roots), []
         while stack:
             node = stack.pop()
@@ -171,7 +173,7 @@ class NodeRecording:
             for child, _ in next_functions:
                 if child is not None:
                     stack.append(child)
-        site = self._call_site or self._sites.here()
+        site = state.call_site or self.sites.here()
         writer.next_seq()
         root_ids = {id(root) for root in roots}
         for node, node_id, next_functions in found:
@@ -180,7 +182,7 @@ class NodeRecording:
             existed = (
                 id(node) not in root_ids
                 and name != ACCUMULATE_GRAD
-                and node_sequence_nr(node) < self._sequence_start
+                and node_sequence_nr(node) < state.sequence_start
             )
             next_ids = tuple(
                 [child.metadata[key][1] for child, _ in next_functions if child is not None]
@@ -189,11 +191,12 @@ class NodeRecording:
             if name == "CompiledFunctionBackward":
                 self._note_blindspot("compiled", site, _COMPILED_MESSAGE)
         writer.sample(NODES_CREATED, site)
-        if self._unowned:
+        if state.unowned:
             self._assign_buffers(found, mark, site)
 
     def _assign_buffers(self, found: list[tuple[Any, int, Any]], mark: int, site: Site) -> None:
-        unowned = self._unowned
+        state = self.state
+        unowned = state.unowned
         if len(unowned) == mark and not torch_api.TELLS_WHO_PACKED:
             # Our pack hook saw nothing of this op: its saved tensors, if any, are another hook's
             # (a checkpoint's), and on torch 2.4 a probe could run that hook's unpack.
@@ -207,16 +210,16 @@ class NodeRecording:
             unowned.clear()
             return
         owned: set[int] = set()
-        self._busy += 1
+        state.busy += 1
         try:
             for node, node_id in nodes:
-                self._probe_hits = hits = list[int]()
+                state.probe_hits = hits = list[int]()
                 probe_saved(node, self._unpack)
                 self.writer.buffers_owned(hits, node_id)
                 owned.update(hits)
         finally:
-            self._probe_hits = None
-            self._busy -= 1
+            state.probe_hits = None
+            state.busy -= 1
         unowned[:] = [b for b in unowned if b not in owned][-1000:]
 
 

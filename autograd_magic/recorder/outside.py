@@ -25,34 +25,40 @@ from autograd_magic.recorder.saved import PackedSaved
 if TYPE_CHECKING:
     from autograd_magic.recorder.aliases import AliasTracker
     from autograd_magic.recorder.module_calls import ModuleTracker
-    from autograd_magic.recorder.writer import TraceWriter
+    from autograd_magic.recorder.state import BlockState
 
 # Holders that outlive any graph: a storage they hold is not asked about again.
 _FIXED = frozenset({"parameter", "module buffer"})
 
 
-class HolderReading:
-    """Mixin of `Recorder`: the reads of who holds saved memory (state set by its `__init__`)."""
+class HolderReader:
+    """One block's reads of who holds saved memory."""
 
-    writer: TraceWriter
-    aliases: AliasTracker
-    modules: ModuleTracker
-    _busy: int
-
-    read_graph_holders: Callable[[], None]  # graph_holders.LiveHolderReading
+    def __init__(
+        self,
+        state: BlockState,
+        aliases: AliasTracker,
+        modules: ModuleTracker,
+        read_graph_holders: Callable[[], None],
+    ) -> None:
+        self.state = state
+        self.aliases = aliases
+        self.modules = modules
+        self._read_graph_holders = read_graph_holders  # graph_holders.LiveHolders.read
 
     def read_for_listener(self) -> None:
         """What a live view reads besides the counters: who holds saved memory, and which
         tracked tensors and arrays are alive (storage groups hide dead temporaries)."""
         self.read_holders()
-        self.writer.alive_now(set(self.aliases.registry.alive().values()))
-        self.read_graph_holders()
+        self.state.writer.end.alive_now(set(self.aliases.registry.alive().values()))
+        self._read_graph_holders()
 
     def read_holders(self) -> None:
         """Ask who holds each storage saved since the last read, and each not counted as
         retained that may have been let go of since (before a number is shown: a refresh, a
         backward call, the block's end)."""
-        writer = self.writer
+        state = self.state
+        writer = state.writer
         # Copied in one C call each: a release on an autograd thread may change them meanwhile.
         known = dict(writer.held_by)
         keys = [k for k in tuple(writer.new_storages) if known.get(k, "") not in _FIXED]
@@ -62,7 +68,7 @@ class HolderReading:
             holders = Holders(
                 lambda: self.modules.root_placeholders().values(), self.aliases.numpy_owner
             )
-            self._busy += 1
+            state.busy += 1
             try:
                 # Reading the user's tensors must reach no user mode or subclass.
                 with torch_api.DisableTorchFunction():
@@ -74,7 +80,7 @@ class HolderReading:
                                 changes[key] = (held_by, [p.buffer_id for p in packed])
                         del packed
             finally:
-                self._busy -= 1
+                state.busy -= 1
         writer.reclassify(changes)
 
 

@@ -1,73 +1,58 @@
 """Saved-tensor hooks of a block: each tensor autograd saves becomes a `SavedBuffer` record.
 
-`SavedTensorRecording` is the part of the recorder behind the pack and unpack hooks; the packed
+`SavedTensorHooks` is the part of the recorder behind the pack and unpack hooks; the packed
 object (`saved.PackedSaved`) and its traps live in `saved`.
 """
 
 from __future__ import annotations
 
 import threading
-import weakref
 from typing import Any
 
 import torch
 
 from autograd_magic.model.records import SavedBuffer
-from autograd_magic.model.trace import Trace
 from autograd_magic.recorder import torch_api
 from autograd_magic.recorder.aliases import AliasTracker
 from autograd_magic.recorder.deferred import pending, raise_pending
 from autograd_magic.recorder.saved import PackedSaved, is_parameter, may_own_saved, storage_of
-from autograd_magic.recorder.sites import SiteFinder
-from autograd_magic.recorder.writer import TraceWriter
+from autograd_magic.recorder.state import BlockState
 
 _TYPE_NAMES: dict[Any, str] = {}
 _SHAPES: dict[tuple[int, ...], tuple[int, ...]] = {}
 
 
-class SavedTensorRecording:
-    """Mixin of `Recorder`: the pack and unpack hooks (state set by its `__init__`)."""
+class SavedTensorHooks:
+    """The block's pack and unpack hooks: each saved tensor becomes a record."""
 
-    writer: TraceWriter
-    trace: Trace
-    aliases: AliasTracker
-    _writer_ref: weakref.ref[TraceWriter]
-    _key: str
-    _sites: SiteFinder
-    _busy: int
-    _in_call: bool
-    _call_site: Any
-    _next_buffer_id: int
-    _unowned: list[int]
-    _probe_hits: list[int] | None
-    _pack_hook: Any
-    _sequence_start: int
-    _thread: int
+    def __init__(self, state: BlockState, aliases: AliasTracker) -> None:
+        self.state = state
+        self.aliases = aliases
+        self._next_buffer_id = 1
 
-    def _pack(self, tensor: torch.Tensor) -> PackedSaved | torch.Tensor:
+    def pack(self, tensor: torch.Tensor) -> PackedSaved | torch.Tensor:
         if pending:
             raise_pending()
-        if self._pack_hook is None:  # the block has ended; its hooks are stranded (see strand)
+        state = self.state
+        if state.pack is None:  # the block has ended; its hooks are stranded (see strand)
             return tensor
-        self._busy += 1
+        state.busy += 1
         try:
             buffer_id = self._next_buffer_id
             self._next_buffer_id = buffer_id + 1
             grad_fn: Any = tensor.grad_fn  # read once: PackedSaved needs it too
             packed = PackedSaved(
-                tensor, grad_fn, self._writer_ref, buffer_id, self._is_old(grad_fn)
+                tensor, grad_fn, state.writer_ref, buffer_id, self._is_old(grad_fn)
             )
-            writer, trace = self.writer, self.trace
-            # Counted as soon as `packed` exists: its finalizer uncounts it.
-            writer.live_buffers += 1
+            writer = state.writer
+            seq = writer.buffer_packed()  # as soon as `packed` exists: its finalizer uncounts it
             packed.storage_key, storage_nbytes = storage_of(tensor)
-            trace.seq += 1
-            site = self._call_site
+            site = state.call_site
             if site is None:
-                site = self._sites.here()
+                site = state.sites.here()
                 # One stack walk per torch call, shared by the buffers it saves and its node.
-                if self._in_call:
-                    self._call_site = site
+                if state.in_call:
+                    state.call_site = site
             is_leaf = tensor.is_leaf
             dtype, device = tensor.dtype, tensor.device
             buffer = SavedBuffer(
@@ -81,12 +66,12 @@ class SavedTensorRecording:
                 is_leaf,
                 is_leaf and is_parameter(tensor),
                 packed.version,
-                trace.seq,
+                seq,
                 site,
                 packed.storage_key,
             )
             self.aliases.watch_saved(packed)
-            self._unowned.append(buffer_id)
+            state.unowned.append(buffer_id)
             writer.buffer_saved(buffer, packed.storage_key, packed.held_by)
             if writer.untrack is not None:
                 # Only autograd's C++ slot and our weak references point at it: it can be in no
@@ -95,35 +80,37 @@ class SavedTensorRecording:
                 writer.untrack(packed)
             return packed
         finally:
-            self._busy -= 1
+            state.busy -= 1
 
     def _is_old(self, grad_fn: Any) -> bool:
         """True when `grad_fn` (the saved tensor's) is surely not the node saving it (then the
         tensor is an input or a leaf, which PyTorch keeps whole): none, already tagged, made
         before the block on this thread (sequence numbers are per thread), or of a type that
         saves no tensor (a view made inside the same op, as `weight.t()` inside `F.linear`)."""
+        state = self.state
         return (
             grad_fn is None
-            or self._key in grad_fn.metadata
+            or state.key in grad_fn.metadata
             or (
-                threading.get_ident() == self._thread
-                and torch_api.node_sequence_nr(grad_fn) < self._sequence_start
+                threading.get_ident() == state.thread
+                and torch_api.node_sequence_nr(grad_fn) < state.sequence_start
             )
             or not may_own_saved(type(grad_fn))
         )
 
-    def _unpack(self, packed: PackedSaved | torch.Tensor) -> torch.Tensor:
+    def unpack(self, packed: PackedSaved | torch.Tensor) -> torch.Tensor:
         if not isinstance(packed, PackedSaved):
             return packed  # packed after the block ended
-        hits = self._probe_hits
+        state = self.state
+        hits = state.probe_hits
         if hits is not None:
             hits.append(packed.buffer_id)
             return packed.tensor
-        self._busy += 1
+        state.busy += 1
         try:
             return packed.checked_tensor()
         finally:
-            self._busy -= 1
+            state.busy -= 1
 
 
 def _type_name(value: Any) -> str:

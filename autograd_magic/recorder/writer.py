@@ -1,15 +1,14 @@
-"""`TraceWriter`: the one place that changes a `Trace` while a block records.
+"""`TraceWriter`: the one place that changes a `Trace` and its records while a block records.
 
-Folds events into counters and records, keeps the timeline bounded (runs of one event on one line
-fold into one sample; above the cap the resolution halves), enforces the record caps, calls the
-live listener, and freezes the trace when the block ends: deaths after that are not the block's.
-Called on the per-op path, so the event methods are written for speed (locals, no helpers).
+Folds events into counters and records, enforces the record caps, keeps the timeline bounded
+(`samples`), writes what is known when the block ends (`end_state`), and freezes the trace when
+the block ends: deaths after that are not the block's. The rest of the recorder asks it to change
+a record; none writes one itself. Called on the per-op path, so the event methods are written for
+speed (locals, no helpers).
 """
 
 from __future__ import annotations
 
-import time
-import weakref
 from collections.abc import Callable
 
 from autograd_magic.model.records import (
@@ -21,23 +20,20 @@ from autograd_magic.model.records import (
     NodeRecord,
     SavedBuffer,
     Site,
-    TimelineSample,
     VersionBump,
 )
 from autograd_magic.model.timeline import correct_retained, delta_at
 from autograd_magic.model.trace import Trace
+from autograd_magic.model.units import describe_error
 from autograd_magic.recorder import native
-from autograd_magic.recorder.end_state import EndStateWriting
-from autograd_magic.recorder.listening import Listener, ListenerCalling
+from autograd_magic.recorder.end_state import EndState
+from autograd_magic.recorder.samples import TimelineWriter
 
 NODES_CREATED = "nodes created"
 NODE_FREED = "node freed"
-BACKWARD_MARKERS = ("backward start", "backward")
-_SAMPLE = TimelineSample
-_new_sample = tuple.__new__  # the NamedTuple's own __new__ is a Python function (per event)
 
 
-class TraceWriter(EndStateWriting, ListenerCalling):
+class TraceWriter:
     """Writes one block's events into `trace`; `close()` ends the block for good."""
 
     def __init__(self, trace: Trace, locate: Callable[[], Site] | None = None) -> None:
@@ -76,20 +72,11 @@ class TraceWriter(EndStateWriting, ListenerCalling):
         self.read_seq = 0  # the sequence number of the last read of holders (`reclassify`)
         self._peak_at_read = 0  # the peak as corrected at that read
         self._segment_peak_seq = 0  # when the uncorrected peak since that read was reached
-        # A run of one event kind on one line is one timeline sample, its numbers kept as three
-        # ints until the run ends: no allocation per op.
-        self._run_open = False
-        self._run_seq = self._run_live = self._run_bytes = 0
-        self._last_what: str | None = None
-        self._last_line: int | None = None
-        self._timeline_stride = 1
-        self._listened_at = time.monotonic()
-        self._calls_to_clock = 0
-        # Who wants to see the trace while it records (the live panel), and how often.
-        self.listener: Listener | None = None
-        self.listen_interval_s = 0.5
-        # Asks who holds the storages saved so far (`reclassify`) before the listener reads.
-        self.read_holders: weakref.WeakMethod[Callable[[], None]] | None = None
+        self.timeline = TimelineWriter(trace, self.untrack)
+        self.sample = self.timeline.sample
+        self.flush = self.timeline.flush
+        # What is written once the block ends (names, holders, module paths, its error).
+        self.end = EndState(trace, self.module_calls, self.module_types)
 
     # ----- lookups for the recorder -------------------------------------------------------
     def node_record(self, node_id: int) -> NodeRecord | None:
@@ -131,61 +118,43 @@ class TraceWriter(EndStateWriting, ListenerCalling):
 
     def op_node(self, node_id: int, name: str, site: Site, next_ids: tuple[int, ...]) -> None:
         """The node an op just made (the per-op path): a new sequence number, the record and the
-        timeline, in one call."""
-        trace = self.trace
-        trace.seq = seq = trace.seq + 1
-        trace.nodes_created += 1
-        trace.live_nodes = live = trace.live_nodes + 1
-        if live > trace.peak_live_nodes:
-            trace.peak_live_nodes = live
-        if len(trace.nodes) < trace.max_records:
-            record = NodeRecord(node_id, name, seq, site, next_ids, module=self.module)
-            if self.untrack is not None:
-                self.untrack(record)
-            trace.nodes.append(record)
-            self._nodes[node_id] = record
-        else:
-            trace.dropped_nodes += 1
-        line = site.outer_line
-        if line is None:
-            line = site.line
-        if line == self._last_line and self._last_what == NODES_CREATED:  # `sample`'s run, inline
-            self._run_seq = seq
-            self._run_live = live
-            self._run_bytes = trace.counted_retained_bytes
-            self._run_open = True
-        else:
-            self.sample(NODES_CREATED, site)
+        timeline sample."""
+        self.trace.seq += 1
+        self.node_born(node_id, name, site, False, next_ids)
+        self.sample(NODES_CREATED, site)
 
     def node_died(self, node_id: int) -> None:
         """A tagged node was destroyed (called from its tag's finalizer)."""
         if self.closed:
             return
         call = self.active_backward
-        if call is not None:
-            site = call.site
-        else:
-            locate = self.locate
-            site = UNKNOWN_SITE if locate is None else locate()
+        site = self._release_site(call)
         trace = self.trace
-        trace.live_nodes = live = trace.live_nodes - 1
+        trace.live_nodes -= 1
         trace.seq = seq = trace.seq + 1
         record = self._nodes.get(node_id)
         if record is not None:
             record.freed_seq = seq
             record.freed_site = site
-        line = site.outer_line
-        if line is None:
-            line = site.line
-        if line == self._last_line and self._last_what == NODE_FREED:
-            self._run_seq = seq
-            self._run_live = live
-            self._run_bytes = trace.counted_retained_bytes
-            self._run_open = True
-        else:
-            self.sample(NODE_FREED, site)
+        self.sample(NODE_FREED, site)
+
+    def _release_site(self, call: BackwardCall | None) -> Site:
+        """Where a death or release happened: the running backward call's line, else the line
+        that let go (a finalizer carries no site)."""
+        if call is not None:
+            return call.site
+        locate = self.locate
+        return UNKNOWN_SITE if locate is None else locate()
 
     # ----- saved buffers -------------------------------------------------------------------
+    def buffer_packed(self) -> int:
+        """A packed object now exists (its finalizer uncounts it: counted live at once); returns
+        the sequence number of its saving."""
+        self.live_buffers += 1
+        trace = self.trace
+        trace.seq = seq = trace.seq + 1
+        return seq
+
     def buffer_saved(self, buffer: SavedBuffer, storage_key: int, held_by: HeldBy) -> None:
         """A tensor was saved for backward (its sequence number is already taken); `held_by`
         is who else surely holds it at saving ("" until a read says otherwise)."""
@@ -232,11 +201,7 @@ class TraceWriter(EndStateWriting, ListenerCalling):
             return
         self.live_buffers -= 1
         call = self.active_backward
-        if call is not None:
-            site = call.site
-        else:
-            locate = self.locate
-            site = UNKNOWN_SITE if locate is None else locate()
+        site = self._release_site(call)
         trace = self.trace
         counts = self._storage_counts
         count = counts.get(storage_key)
@@ -365,68 +330,56 @@ class TraceWriter(EndStateWriting, ListenerCalling):
         call.end_seq = self.next_seq()
         self.sample("backward", call.site, force=True)
 
-    # ----- timeline ------------------------------------------------------------------------
-    def sample(self, what: str, site: Site, force: bool = False) -> None:
-        """Record the state after an event; a run of the same event on one line folds into one
-        sample. Backward markers (`force`) are always kept."""
-        trace = self.trace
-        # The traced code's own line (the cell line), also for events inside a user's forward.
-        line = site.outer_line
-        if line is None:
-            line = site.line
-        if not force and what == self._last_what and line == self._last_line:
-            self._run_seq = trace.seq
-            self._run_live = trace.live_nodes
-            self._run_bytes = trace.counted_retained_bytes
-            self._run_open = True
-            return
-        if not force and trace.seq % self._timeline_stride:
-            return
-        if self._run_open:
-            self.flush()
-        timeline = trace.timeline
-        sample = _new_sample(
-            _SAMPLE, (trace.seq, trace.live_nodes, trace.counted_retained_bytes, what, line)
-        )
-        if self.untrack is not None:
-            self.untrack(sample)
-        timeline.append(sample)
-        self._last_what, self._last_line = what, line
-        if len(timeline) >= trace.max_timeline:
-            self._thin_timeline()
+    def backward_reach(self, call: BackwardCall, index: int, root_ids: list[int]) -> list[int]:
+        """Walk the recorded graph the `index`-th backward call of the block is about to traverse
+        from `root_ids` (records only, no nodes), mark the nodes it reaches first and count what
+        it reaches; returns the reached node ids."""
+        call.root_ids = tuple(root_ids)
+        previous = self.previous_backward_seq
+        seen, stack = set(root_ids), list(root_ids)
+        while stack:
+            record = self._nodes.get(stack.pop())
+            if record is None:
+                continue
+            if record.reached_by is None:
+                record.reached_by = index
+            if record.born_seq < previous and not record.existed_before:
+                call.earlier_nodes += 1
+            for child in record.next_ids:
+                if child not in seen:
+                    seen.add(child)
+                    stack.append(child)
+        call.graph_nodes = len(seen)
+        if call.retain_graph:
+            call.reached = tuple(seen)
+        return list(seen)
 
-    def flush(self) -> None:
-        """Write the open run's numbers into its sample (before anyone reads the timeline)."""
-        if self._run_open:
-            timeline = self.trace.timeline
-            last = timeline[-1]
-            sample = _new_sample(
-                _SAMPLE, (self._run_seq, self._run_live, self._run_bytes, last.what, last.line)
-            )
-            if self.untrack is not None:
-                self.untrack(sample)
-            timeline[-1] = sample
-            self._run_open = False
+    def backward_failed(self, call: BackwardCall, error: BaseException, reached: list[int]) -> None:
+        """The backward call raised `error` after reaching those nodes."""
+        call.error = describe_error(error)
+        call.error_type = type(error).__name__
+        call.reached = tuple(reached)
 
-    def _thin_timeline(self) -> None:
-        """Halve the timeline's resolution (bounded memory, constant work per event): backward
-        markers are all kept while they are at most half of it, then thinned like the rest."""
-        self.flush()
-        timeline = self.trace.timeline
-        markers = sum(1 for s in timeline if s.what in BACKWARD_MARKERS)
-        keep_markers = 2 * markers <= len(timeline)
-        kept = [
-            s
-            for i, s in enumerate(timeline)
-            if i % 2 == 0 or (keep_markers and s.what in BACKWARD_MARKERS)
-        ]
-        timeline[:] = kept
-        self._timeline_stride *= 2
-        last = timeline[-1] if timeline else None
-        self._last_what = None if last is None else last.what
-        self._last_line = None if last is None else last.line
+    # ----- modules -------------------------------------------------------------------------
+    def module_entered(self, path: str) -> None:
+        """A call of the module at `path` began: what happens until it returns is in it."""
+        self.module = path
+        calls = self.module_calls
+        calls[path] = calls.get(path, 0) + 1
+
+    def module_left(self, innermost: str | None) -> None:
+        """A module call returned: `innermost` is the call still running (None: none)."""
+        self.module = innermost
+
+    def module_type(self, path: str, type_name: str) -> None:
+        """The class of the module at `path` (also of containers never called)."""
+        self.module_types.setdefault(path, type_name)
 
     # ----- the end -------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Write nothing more: later deaths are not the block's (its trace may stay unfinished)."""
+        self.closed = True
+
     def close(self) -> None:
         """End the block: the timeline is complete, and nothing written later (a node dying in
         the next cell) changes this trace."""

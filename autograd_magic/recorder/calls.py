@@ -1,0 +1,186 @@
+"""The per-call path: what the block's function mode hands each of the user's torch calls to.
+
+Every entry point runs its call inside one frame (`_framed`): the buffers unowned when the call
+began, the in-call mark that lets the call's saved buffers and node share one stack walk, and the
+live listener between two calls. Kept short: it runs once per torch call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from autograd_magic.model.records import Site
+from autograd_magic.recorder import torch_api
+from autograd_magic.recorder.backward import run_backward
+from autograd_magic.recorder.caller import CallerStandIns, StandIn
+from autograd_magic.recorder.mode import KINDS, kind_of
+from autograd_magic.recorder.nodes import grad_fn_of
+from autograd_magic.recorder.ops import OpKind
+
+if TYPE_CHECKING:
+    from autograd_magic.recorder.aliases import AliasTracker
+    from autograd_magic.recorder.listening import Listening
+    from autograd_magic.recorder.nodes import NodeFinder
+    from autograd_magic.recorder.outside import HolderReader
+    from autograd_magic.recorder.state import BlockState
+
+_NoSubclassDispatch = torch_api.DisableTorchFunctionSubclass
+_NOT_LINKED = frozenset({OpKind.PLAIN, OpKind.INPLACE, OpKind.BACKWARD, OpKind.GRAD})
+_Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
+# What runs one call inside the frame: (func, args, kwargs, call, mark) -> the call's result.
+Body = Callable[[Any, tuple, Any, StandIn, int], Any]
+
+
+class OpRecording:
+    """One block's handling of each torch call (`mode.RecorderMode` calls it)."""
+
+    def __init__(
+        self,
+        state: BlockState,
+        nodes: NodeFinder,
+        aliases: AliasTracker,
+        holders: HolderReader,
+        listening: Listening,
+        stand_ins: CallerStandIns,
+    ) -> None:
+        self.state = state
+        self.writer = state.writer  # also what backward recording writes to (BackwardHost)
+        self.nodes = nodes
+        self.aliases = aliases
+        self.holders = holders
+        self.listening = listening
+        self.stand_ins = stand_ins
+
+    def _framed(self, body: Body, func: Any, args: tuple, kwargs: Any, call: StandIn) -> Any:
+        """Run `body` as the user's call: every entry point's frame, written once."""
+        __tracebackhide__ = True
+        state = self.state
+        mark = len(state.unowned)
+        state.in_call = True
+        try:
+            out = body(func, args, kwargs, call, mark)
+        finally:
+            state.in_call = False
+            state.call_site = None
+        if self.listening.listener is not None:
+            self.notify_listener()
+        return out
+
+    # ----- entry points --------------------------------------------------------------------
+    def general(self, func: Any, args: tuple, kwargs: dict, call: StandIn) -> Any:
+        """Any call (the fast paths below are this one, shortened for their kind)."""
+        __tracebackhide__ = True
+        if func not in KINDS:
+            kind_of(func)  # classified the first time it is seen, whichever path sees it
+        if self.state.busy:
+            return func(*args, **kwargs)
+        return self._framed(self._general, func, args, kwargs, call)
+
+    def plain(self, func: Any, args: tuple, kwargs: dict | None, call: StandIn) -> Any:
+        """The common op (kind PLAIN, no `out=`), kept short: it runs per op."""
+        __tracebackhide__ = True
+        return self._framed(self._plain, func, args, kwargs, call)
+
+    def inplace(self, func: Any, args: tuple, kwargs: dict, call: StandIn) -> Any:
+        """A write on plain tensors (kind INPLACE, no `out=`): an optimizer step makes one per
+        parameter and state tensor, so it skips the general path's dispatch."""
+        __tracebackhide__ = True
+        return self._framed(self._inplace, func, args, kwargs, call)
+
+    def subclass(self, func: Any, args: tuple, kwargs: dict, call: StandIn) -> Any:
+        """A call on a tensor subclass with its own `__torch_function__`: the subclass sees the
+        call itself, never the recorder's bookkeeping (run with subclass dispatch off)."""
+        __tracebackhide__ = True
+        entry = KINDS.get(func)
+        if entry is None:
+            entry = kind_of(func)
+        if entry[0] is not OpKind.PLAIN or self.state.busy or "out" in kwargs:
+            # Writes and backward interleave their bookkeeping with the call: recorded as usual
+            # (the subclass may see the recorder's reads there).
+            return self.general(func, args, kwargs, call)
+        return self._framed(self._subclass, func, args, kwargs, call)
+
+    # ----- bodies, run inside the frame ----------------------------------------------------
+    def _general(self, func: Any, args: tuple, kwargs: dict, call: StandIn, mark: int) -> Any:
+        __tracebackhide__ = True
+        kind, name = KINDS[func]
+        if kind is OpKind.PLAIN and "out" not in kwargs:
+            out = call(func, args, kwargs)
+        elif kind is OpKind.INPLACE or kind is OpKind.PLAIN:
+            out = self.aliases.run_inplace(func, name, args, kwargs, call)
+        elif kind is OpKind.BACKWARD or kind is OpKind.GRAD:
+            out = run_backward(self, func, kind, args, kwargs)
+        else:
+            out = call(func, args, kwargs)
+        # A subclass (an UninitializedParameter too) sees its calls, not our reads.
+        with _NoSubclassDispatch():
+            if kind not in _NOT_LINKED:  # aliases and copies: the last branch above
+                self.aliases.link(out, args[0] if args else kwargs.get("data"), name, kind)
+            self.nodes.register_outputs(out, mark)
+        return out
+
+    def _plain(self, func: Any, args: tuple, kwargs: dict | None, call: StandIn, mark: int) -> Any:
+        __tracebackhide__ = True
+        out = call(func, args, kwargs)
+        if type(out) is _Tensor or isinstance(out, _Tensor):
+            grad_fn = grad_fn_of(out)
+            if grad_fn is not None:
+                metadata = grad_fn.metadata
+                nodes = self.nodes
+                if nodes.key not in metadata and not nodes.born_alone(grad_fn, metadata, mark):
+                    nodes.discover([grad_fn], mark)
+        elif isinstance(out, (tuple, list)):
+            self.nodes.register_outputs(out, mark)
+        return out
+
+    def _inplace(self, func: Any, args: tuple, kwargs: dict, call: StandIn, mark: int) -> Any:
+        __tracebackhide__ = True
+        out = self.aliases.run_inplace(func, KINDS[func][1], args, kwargs, call)
+        if type(out) is _Tensor or type(out) is _Parameter:
+            grad_fn = grad_fn_of(out)
+            # Under no_grad (an optimizer) the target keeps its node, or has none.
+            if grad_fn is not None and self.nodes.key not in grad_fn.metadata:
+                with _NoSubclassDispatch():
+                    self.nodes.register_outputs(out, mark)
+        else:
+            with _NoSubclassDispatch():
+                self.nodes.register_outputs(out, mark)
+        return out
+
+    def _subclass(self, func: Any, args: tuple, kwargs: dict, call: StandIn, mark: int) -> Any:
+        __tracebackhide__ = True
+        out = call(func, args, kwargs)
+        with _NoSubclassDispatch():
+            self.nodes.register_outputs(out, mark)
+        return out
+
+    def notify_listener(self) -> None:
+        """Let the live listener look (busy meanwhile: torch calls it makes are not the user's
+        ops)."""
+        state = self.state
+        state.busy += 1
+        try:
+            self.listening.notify()
+        finally:
+            state.busy -= 1
+
+    # ----- what backward recording asks (backward.BackwardHost) -----------------------------
+    def site(self) -> Site:
+        """The user's source position (`SiteFinder.here`)."""
+        return self.state.sites.here()
+
+    def check_numpy_writes(self) -> None:
+        """Record NumPy writes made since the last check."""
+        self.aliases.check_numpy_writes()
+
+    def root_node_ids(self, roots: list[torch.Tensor]) -> list[int]:
+        """The recorded node ids of the roots' `grad_fn`s (recording any not seen yet)."""
+        return self.nodes.root_node_ids(roots)
+
+    def read_holders(self) -> None:
+        """Ask who holds the saved storages."""
+        self.holders.read_holders()
