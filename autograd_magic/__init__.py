@@ -31,7 +31,7 @@ __version__ = "0.1.0"
 def show(*traces: Trace, names: list[str] | None = None) -> None:
     """Display finished traces: one as its panel, several side by side (peaks, findings per
     trace). Outside IPython, prints the text report."""
-    from autograd_magic.magic import show as show_traces
+    from autograd_magic.display import show as show_traces
 
     show_traces(traces, names)
 
@@ -69,7 +69,7 @@ def _register_in_running_ipython() -> None:
 
         shell = get_ipython()
         if shell is not None:
-            from autograd_magic.magic import register_formatters
+            from autograd_magic.display import register_formatters
 
             register_formatters(shell)
     except Exception:  # display is a convenience: never fail the import for it

@@ -1,13 +1,13 @@
 """Everything IPython about autograd_magic: the `%%trackgraph` cell magic, the await
-transformer, how traces display themselves, `show()`, and the last cell's trace.
+transformer, and the last cell's trace (how traces display themselves is `display`).
 
 Thin by design: the recorder (`api.track`) records, `views.panel` and `views.text` render; this
 module decides what is shown and makes a failing cell fail exactly like a normal one, after
 showing what was recorded. The await transformer (`await_cells`) runs a cell with top-level
 `await` on the cell's own event loop. A `Trace` displays as its finished panel in a Jupyter
 kernel (several traces: comparison tables and panels side by side), as its text report in a
-terminal IPython or plain Python; the model never imports views for that (`register_formatters`).
-No other module of the package knows IPython: the notebook machinery's packages are named to
+terminal IPython or plain Python (`display.register_formatters`). No other module of the package
+but `display` knows IPython: the notebook machinery's packages are named to
 the recorder here (`sites.not_user_code`), so their frames never count as the user's line.
 """
 
@@ -18,7 +18,6 @@ import asyncio
 import inspect
 import keyword
 import sys
-from collections.abc import Sequence
 from types import CodeType, FrameType, TracebackType
 from typing import Any
 
@@ -29,21 +28,16 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from autograd_magic.api import track
+from autograd_magic.display import BLOCK, register_formatters, report_for
 from autograd_magic.model.trace import Trace
 from autograd_magic.recorder import Recorder, sites
-from autograd_magic.report.build import ReportOptions, report_of
-from autograd_magic.report.model import DEFAULT_MAX_NODES, Report
+from autograd_magic.report.model import DEFAULT_MAX_NODES
 from autograd_magic.views.text import render_text
 
 # Frames of the notebook machinery around a cell are never the user's line.
 sites.not_user_code(("IPython", "ipykernel", "traitlets", "tornado", "zmq", "jupyter_client"))
 
 DEFAULT_REFRESH_S = 1.0
-BLOCK = "cell"  # what the reports call the traced code: here, always a cell
-
-
-def _report(trace: Trace, max_nodes: int = DEFAULT_MAX_NODES) -> Report:
-    return report_of(trace, ReportOptions(block=BLOCK, max_nodes=max_nodes))
 
 
 @magics_class
@@ -333,7 +327,7 @@ def _show(
     user's own error."""
     try:
         if args.text:
-            print(render_text(_report(trace, args.max_nodes)))
+            print(render_text(report_for(trace, args.max_nodes)))
         elif not widgets:
             display(_new_panel(trace, args.max_nodes))  # a terminal prints the text report
         else:
@@ -392,50 +386,3 @@ _last_trace: Trace | None = None
 def last_trace() -> Trace | None:
     """The trace recorded by the most recent `%%trackgraph` cell, if any."""
     return _last_trace
-
-
-# ----- how traces display themselves ---------------------------------------------------------
-def register_formatters(shell: Any) -> None:
-    """Make `Trace` objects render as their panel in `shell` (idempotent)."""
-    formatter = shell.display_formatter.mimebundle_formatter
-    formatter.for_type(Trace, lambda trace: trace_bundle([("trace", trace)], shell))
-
-
-def _in_kernel(shell: Any) -> bool:
-    return getattr(shell, "kernel", None) is not None
-
-
-def trace_bundle(named: Sequence[tuple[str, Trace]], shell: Any) -> dict[str, Any]:
-    """The display bundle of one trace (its panel) or several (comparison and panels)."""
-    from autograd_magic.views.report_html import comparison_text
-
-    if not _in_kernel(shell):
-        if len(named) == 1:
-            return {"text/plain": render_text(_report(named[0][1]))}
-        return {"text/plain": comparison_text([(name, _report(t)) for name, t in named])}
-    from autograd_magic.views.panel import TracePanel, side_by_side_bundle
-
-    if len(named) == 1:
-        return TracePanel(named[0][1], block=BLOCK)._repr_mimebundle_()
-    return side_by_side_bundle(named, BLOCK)
-
-
-def show(traces: Sequence[Trace], names: Sequence[str] | None = None) -> None:
-    """Display `traces` in IPython, or print their text report outside it."""
-    if not traces:
-        raise TypeError("show() needs at least one Trace")
-    for trace in traces:
-        if not isinstance(trace, Trace):
-            raise TypeError(f"show() takes Trace objects, not {type(trace).__name__}")
-    if names is None:
-        names = [f"trace {i + 1}" for i in range(len(traces))] if len(traces) > 1 else ["trace"]
-    if len(names) != len(traces):
-        raise ValueError(f"show() got {len(traces)} traces but {len(names)} names")
-    named = list(zip(names, traces, strict=True))
-    shell = _shell()
-    if shell is None:
-        print(trace_bundle(named, None)["text/plain"])
-        return
-    from IPython.display import publish_display_data
-
-    publish_display_data(trace_bundle(named, shell))

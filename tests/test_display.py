@@ -10,7 +10,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
 import autograd_magic
-from autograd_magic import magic as display  # the IPython integration: display lives there
+from autograd_magic import display  # how traces display themselves in IPython
 from autograd_magic.model import trace as model
 
 WIDGET = "application/vnd.jupyter.widget-view+json"

@@ -11,6 +11,7 @@ import html
 import io
 
 from autograd_magic.report.model import STATIC_TABLE_ROWS, Report, Sentence, Status, Table
+from autograd_magic.report.watch import WatchReport
 
 # JupyterLab theme variables keep the panel readable in light and dark themes; the fallbacks
 # serve static HTML outside JupyterLab.
@@ -182,3 +183,17 @@ def static_html(report: Report) -> str:
         figure_png(graph_figure(view)),
         report.graph.note(view),
     )
+
+
+def watch_page(report: WatchReport) -> str:
+    """A watched block's report as one HTML fragment: the post-mortem, what the counted steps
+    show, the steps table, then each capture window's static report under its title."""
+    parts = [
+        div(f"<b>autograd_magic watch</b> &mdash; {html.escape(report.state)}", MARKS["note"]),
+        sentences_html(list(report.out_of_memory), "Out of memory"),
+        sentences_html(list(report.sentences), "Steps"),
+        table_html(report.steps),
+    ]
+    for window in report.windows:
+        parts.append(div(f"<h3>{html.escape(window.title)}</h3>") + static_html(window.report))
+    return f'<div style="{TEXT_STYLE}">' + "".join(parts) + "</div>"

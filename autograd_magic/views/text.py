@@ -4,6 +4,7 @@ notebook output's text/plain fallback."""
 from __future__ import annotations
 
 from autograd_magic.report.model import TEXT_TABLE_ROWS, Report, SectionId, Table, TableId, capped
+from autograd_magic.report.watch import WatchReport
 
 
 def render_text(report: Report, tables: bool = True) -> str:
@@ -41,3 +42,15 @@ def table_text(table: Table) -> str:
     if table.note:
         lines.append(f"  ({table.note})")
     return "\n".join(lines)
+
+
+def render_watch_text(report: WatchReport, tables: bool = True) -> str:
+    """A watched block's report as plain text: what the counted steps show, the steps table,
+    the out-of-memory post-mortem, then each capture window's own report under its title."""
+    parts = [f"autograd_magic watch ({report.state})"]
+    parts.append("\n".join(f"  - {s.text}" for s in (*report.out_of_memory, *report.sentences)))
+    parts.append(table_text(report.steps))
+    for window in report.windows:
+        body = render_text(window.report, tables)
+        parts.append(f"===== {window.title} =====\n{body.rstrip()}")
+    return "\n\n".join(parts) + "\n"

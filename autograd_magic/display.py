@@ -1,0 +1,87 @@
+"""How traces display themselves in IPython: a `Trace` as its panel in a Jupyter kernel
+(several: comparison tables and panels side by side), as its text report in a terminal IPython
+or plain Python; a `WatchTrace` as its watch report. Also `show()`. The model never imports
+views for this: `register_formatters` tells IPython how.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from autograd_magic.model.trace import Trace
+from autograd_magic.report.build import ReportOptions, report_of
+from autograd_magic.report.model import DEFAULT_MAX_NODES, Report
+from autograd_magic.views.text import render_text, render_watch_text
+from autograd_magic.watch_trace import WatchTrace
+
+BLOCK = "cell"  # what the reports call the traced code in IPython: a cell
+
+
+def report_for(trace: Trace, max_nodes: int = DEFAULT_MAX_NODES) -> Report:
+    """The report of `trace` as a notebook shows it."""
+    return report_of(trace, ReportOptions(block=BLOCK, max_nodes=max_nodes))
+
+
+def _shell() -> Any:
+    """The running IPython shell, or None outside IPython."""
+    from IPython import get_ipython
+
+    return get_ipython()
+
+
+def register_formatters(shell: Any) -> None:
+    """Make `Trace` objects render as their panel in `shell`, `WatchTrace` objects as their
+    report (idempotent)."""
+    formatter = shell.display_formatter.mimebundle_formatter
+    formatter.for_type(Trace, lambda trace: trace_bundle([("trace", trace)], shell))
+    formatter.for_type(WatchTrace, watch_bundle)
+
+
+def watch_bundle(watch: WatchTrace) -> dict[str, Any]:
+    """A watched block's report: static HTML (steps, each capture window's full report) and
+    text."""
+    from autograd_magic.views.html import watch_page
+
+    report = watch.report(block=BLOCK)
+    return {"text/html": watch_page(report), "text/plain": render_watch_text(report)}
+
+
+def _in_kernel(shell: Any) -> bool:
+    return getattr(shell, "kernel", None) is not None
+
+
+def trace_bundle(named: Sequence[tuple[str, Trace]], shell: Any) -> dict[str, Any]:
+    """The display bundle of one trace (its panel) or several (comparison and panels)."""
+    from autograd_magic.views.report_html import comparison_text
+
+    if not _in_kernel(shell):
+        if len(named) == 1:
+            return {"text/plain": render_text(report_for(named[0][1]))}
+        return {"text/plain": comparison_text([(name, report_for(t)) for name, t in named])}
+    from autograd_magic.views.panel import TracePanel, side_by_side_bundle
+
+    if len(named) == 1:
+        return TracePanel(named[0][1], block=BLOCK)._repr_mimebundle_()
+    return side_by_side_bundle(named, BLOCK)
+
+
+def show(traces: Sequence[Trace], names: Sequence[str] | None = None) -> None:
+    """Display `traces` in IPython, or print their text report outside it."""
+    if not traces:
+        raise TypeError("show() needs at least one Trace")
+    for trace in traces:
+        if not isinstance(trace, Trace):
+            raise TypeError(f"show() takes Trace objects, not {type(trace).__name__}")
+    if names is None:
+        names = [f"trace {i + 1}" for i in range(len(traces))] if len(traces) > 1 else ["trace"]
+    if len(names) != len(traces):
+        raise ValueError(f"show() got {len(traces)} traces but {len(names)} names")
+    named = list(zip(names, traces, strict=True))
+    shell = _shell()
+    if shell is None:
+        print(trace_bundle(named, None)["text/plain"])
+        return
+    from IPython.display import publish_display_data
+
+    publish_display_data(trace_bundle(named, shell))

@@ -1,0 +1,182 @@
+"""Plain records of watch mode's counted steps (issue 34): what the counters said at a step's end,
+and what autograd held at one moment (for an out-of-memory post-mortem).
+
+Plain data only (ints, strings, shapes), as every record: they round-trip through JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from autograd_magic.model.records import HeldBy
+
+
+@dataclass(frozen=True)
+class StepCounts:
+    """The cheap counters at the end of one counted step.
+
+    `live_roots`: backward roots (the `grad_fn` of each tensor a backward started from) whose
+    node is still alive: a loop that keeps its graphs (`losses.append(loss)`) adds one a step.
+    `live_saved`: saved tensors autograd still holds. `retained_bytes`: bytes of the distinct
+    storages those hold that nothing else holds (not parameters or the user's leaves), at the
+    step's end; `peak_bytes`: the most of them at any moment within the step."""
+
+    step: int
+    backward_calls: int
+    live_roots: int
+    live_saved: int
+    retained_bytes: int
+    peak_bytes: int
+    captured: bool = False
+
+
+@dataclass(frozen=True)
+class HeldSaved:
+    """One storage autograd's saved tensors hold now: its bytes, the first tensor saved from it
+    (shape, dtype), the watched block's line and the top-level module running when it was
+    saved ("" outside any module), and who else holds it ("" for the graph alone)."""
+
+    nbytes: int
+    shape: tuple[int, ...]
+    dtype: str
+    line: int
+    module: str
+    held_by: HeldBy
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    """What a watch captures in full: the `first` steps, every `every`th step (0: none), and
+    `capture_steps` steps once the growth signal has risen at `escalate_after` consecutive step
+    ends (at most `max_windows` windows in all)."""
+
+    first: int = 1
+    every: int = 0
+    escalate_after: int = 3
+    capture_steps: int = 3
+    max_windows: int = 4
+
+
+@dataclass
+class CaptureWindow:
+    """Steps `first_step` to `last_step` recorded in full, and why (`reason`); `trace` (a
+    `Trace`) is their record. `planned_steps`: how many were asked for."""
+
+    first_step: int
+    last_step: int
+    planned_steps: int
+    reason: str
+    trace: Any
+
+    @property
+    def steps_text(self) -> str:
+        """'step 4' or 'steps 4-6' (or 'from step 4' while none has ended)."""
+        if self.last_step < self.first_step:
+            return f"from step {self.first_step}"
+        if self.last_step == self.first_step:
+            return f"step {self.first_step}"
+        return f"steps {self.first_step}-{self.last_step}"
+
+
+@dataclass(frozen=True)
+class OutOfMemory:
+    """What autograd held when memory ran out: saved bytes by line and by top-level module
+    (largest first), the saved tensors and backward roots alive, and the last steps' counters."""
+
+    error: str
+    step: int
+    retained_bytes: int
+    saved_tensors: int
+    live_roots: int
+    by_line: tuple[tuple[int, int], ...]
+    by_module: tuple[tuple[str, int], ...]
+    last_steps: tuple[StepCounts, ...]
+    holders: tuple[str, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        error: str,
+        held: Sequence[HeldSaved],
+        live_roots: int,
+        last_steps: tuple[StepCounts, ...],
+        step: int,
+        holders: tuple[str, ...] = (),
+    ) -> OutOfMemory:
+        """The post-mortem of `held` (only what graphs alone hold is counted)."""
+        graphs_only = [h for h in held if not h.held_by]
+        by_line: dict[int, int] = {}
+        by_module: dict[str, int] = {}
+        for h in graphs_only:
+            by_line[h.line] = by_line.get(h.line, 0) + h.nbytes
+            by_module[h.module] = by_module.get(h.module, 0) + h.nbytes
+        return cls(
+            error=error,
+            step=step,
+            retained_bytes=sum(h.nbytes for h in graphs_only),
+            saved_tensors=len(held),
+            live_roots=live_roots,
+            by_line=tuple(sorted(by_line.items(), key=lambda kv: -kv[1])),
+            by_module=tuple(sorted(by_module.items(), key=lambda kv: -kv[1])),
+            last_steps=last_steps,
+            holders=holders,
+        )
+
+
+@dataclass
+class WatchRecord:
+    """Everything a watched block left: its options, every step's counts, the capture windows,
+    the out-of-memory post-mortem (or None), the error that ended it (or None)."""
+
+    options: WatchOptions = field(default_factory=WatchOptions)
+    steps: list[StepCounts] = field(default_factory=list)
+    windows: list[CaptureWindow] = field(default_factory=list)
+    out_of_memory: OutOfMemory | None = None
+    error: str | None = None
+    finished: bool = False
+
+
+def growth_start(steps: Sequence[StepCounts], after: int) -> tuple[str, int] | None:
+    """What rose ('live backward roots' or 'retained saved tensors') at each of the last `after`
+    step ends, and the step of the first rise; None when neither did (a correct loop ends its
+    steps alike)."""
+    if after < 1 or len(steps) <= after:
+        return None
+    recent = steps[-after - 1 :]
+    for what, read in (("live backward roots", _roots), ("retained saved tensors", _retained)):
+        values = [read(s) for s in recent]
+        if all(b > a for a, b in itertools.pairwise(values)):
+            return what, recent[1].step
+    return None
+
+
+def _roots(counts: StepCounts) -> int:
+    return counts.live_roots
+
+
+def _retained(counts: StepCounts) -> int:
+    return counts.retained_bytes
+
+
+# Out-of-memory errors: CUDA's (a subclass of RuntimeError), and the CPU allocator's text.
+_OOM_TEXTS = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """True for `torch.OutOfMemoryError` and the CPU allocator's out-of-memory RuntimeError."""
+    if type(error).__name__ == "OutOfMemoryError":
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(t in text for t in _OOM_TEXTS)
+
+
+def captured_counts(counts: StepCounts, retained_bytes: int, peak_bytes: int) -> StepCounts:
+    """`counts` of a captured step, with the bytes the recorder's trace saw (its hooks were
+    innermost, so the counter did not)."""
+    return dataclasses.replace(
+        counts, captured=True, retained_bytes=retained_bytes, peak_bytes=peak_bytes
+    )

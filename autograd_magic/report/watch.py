@@ -1,0 +1,162 @@
+"""The report of a watched block: what the counted steps show, which steps were captured and
+why, each capture window's own report, and the out-of-memory post-mortem."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autograd_magic.analysis.result import analyze
+from autograd_magic.model.units import format_bytes
+from autograd_magic.model.watch import OutOfMemory, StepCounts, WatchRecord
+from autograd_magic.report.build import ReportOptions, build_report
+from autograd_magic.report.model import Report, Sentence, Table
+
+STEP_ROWS = 12  # counted steps shown around each capture window and at the ends
+
+
+@dataclass(frozen=True)
+class WindowReport:
+    """One capture window: its title ('Steps 5-7, captured: live backward roots grew from step
+    2') and the full report of those steps."""
+
+    title: str
+    report: Report
+
+
+@dataclass(frozen=True)
+class WatchReport:
+    """The report of a watched block: status line, summary sentences, the steps table, the
+    out-of-memory post-mortem, and one report per capture window."""
+
+    state: str  # "running", "finished" or "error"
+    sentences: tuple[Sentence, ...]
+    steps: Table
+    out_of_memory: tuple[Sentence, ...]
+    windows: tuple[WindowReport, ...]
+
+
+def build_watch_report(record: WatchRecord, options: ReportOptions | None = None) -> WatchReport:
+    """The report of `record`; each window's trace is analysed and reported once."""
+    options = options or ReportOptions()
+    state = "error" if record.error else ("finished" if record.finished else "running")
+    windows = tuple(
+        WindowReport(
+            f"{w.steps_text[0].upper()}{w.steps_text[1:]}, captured: {w.reason}",
+            build_report(analyze(w.trace), options),
+        )
+        for w in record.windows
+    )
+    oom = () if record.out_of_memory is None else out_of_memory_sentences(record.out_of_memory)
+    return WatchReport(state, tuple(summary(record)), steps_table(record.steps), oom, windows)
+
+
+def summary(record: WatchRecord) -> list[Sentence]:
+    """How many steps, how many captured and why, what the counters did."""
+    steps = record.steps
+    if not steps:
+        return [Sentence("No step ended (a step ends with each backward call).", None, "note")]
+    captured = sum(1 for s in steps if s.captured)
+    last = steps[-1]
+    out = [
+        Sentence(
+            f"{last.step:,} steps: {captured:,} captured in full, {last.step - captured:,} "
+            "counted (backward calls, live backward roots, saved tensors).",
+            None,
+            "note",
+        )
+    ]
+    for window in record.windows:
+        out.append(
+            Sentence(f"{window.steps_text.capitalize()} captured: {window.reason}.", None, "note")
+        )
+    roots = [s.live_roots for s in steps]
+    retained = [s.retained_bytes for s in steps]
+    if max(roots) <= roots[0] + 1 and max(retained) == retained[0]:
+        out.append(
+            Sentence(
+                f"The counters stayed flat: {roots[-1]:,} live backward root(s) and "
+                f"{format_bytes(retained[-1])} of saved tensors at the last step's end.",
+                None,
+                "note",
+            )
+        )
+    else:
+        out.append(
+            Sentence(
+                f"At the last step's end {roots[-1]:,} backward roots were alive (most "
+                f"{max(roots):,}) and graphs held {format_bytes(retained[-1])} of saved tensors "
+                f"(most {format_bytes(max(retained))}).",
+                None,
+                "finding",
+            )
+        )
+    return out
+
+
+def steps_table(steps: Sequence[StepCounts]) -> Table:
+    """The steps' counters: the first and last ones and those around each captured run."""
+    keep: set[int] = set(range(min(STEP_ROWS // 2, len(steps))))
+    keep |= set(range(max(0, len(steps) - STEP_ROWS // 2), len(steps)))
+    for i, s in enumerate(steps):
+        if s.captured:
+            keep |= {i - 1, i, i + 1}
+    rows = []
+    previous = -1
+    for i in sorted(k for k in keep if 0 <= k < len(steps)):
+        if previous >= 0 and i > previous + 1:
+            rows.append(("...", "", "", "", "", "", ""))
+        s = steps[i]
+        rows.append(
+            (
+                f"{s.step:,}",
+                "captured" if s.captured else "counted",
+                f"{s.backward_calls:,}",
+                f"{s.live_roots:,}",
+                f"{s.live_saved:,}",
+                format_bytes(s.retained_bytes),
+                format_bytes(s.peak_bytes),
+            )
+        )
+        previous = i
+    headers = (
+        "step",
+        "recorded",
+        "backward calls",
+        "live backward roots",
+        "saved tensors alive",
+        "retained at end",
+        "peak in step",
+    )
+    note = (
+        "Counted at each step's end: backward roots still alive (a correct loop keeps at most "
+        "the last loss's graph), saved tensors alive and the bytes only graphs hold."
+    )
+    return Table("Steps", headers if rows else (), tuple(rows), note)
+
+
+def out_of_memory_sentences(oom: OutOfMemory) -> tuple[Sentence, ...]:
+    """What autograd held when memory ran out, largest first."""
+    lines = ", ".join(f"line {line}: {format_bytes(n)}" for line, n in oom.by_line[:5])
+    modules = ", ".join(
+        f"{m or 'outside modules'}: {format_bytes(n)}" for m, n in oom.by_module[:5]
+    )
+    held = ", ".join(f"`{h}`" for h in oom.holders) or "no variable of the block"
+    out = [
+        Sentence(
+            f"Out of memory at step {oom.step:,} ({oom.error.split(':', 1)[0]}). Autograd held "
+            f"{format_bytes(oom.retained_bytes)} in {oom.saved_tensors:,} saved tensors, in "
+            f"{oom.live_roots:,} graph(s) that reached a backward call and are still alive.",
+            None,
+            "error",
+        )
+    ]
+    if lines:
+        out.append(Sentence(f"Saved for backward, by line: {lines}.", None, "finding"))
+    if modules:
+        out.append(Sentence(f"By top-level module: {modules}.", None, "finding"))
+    out.append(Sentence(f"Holding tensors with graphs: {held}.", None, "finding"))
+    if oom.last_steps:
+        trend = ", ".join(format_bytes(s.retained_bytes) for s in oom.last_steps)
+        out.append(Sentence(f"Retained at the last steps' ends: {trend}.", None, "note"))
+    return tuple(out)
