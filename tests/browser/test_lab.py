@@ -358,7 +358,6 @@ def plot_contrast(img: Any) -> tuple[float, float]:
 def expected_numbers() -> dict[str, str]:
     """The leaky cell's headline numbers, from running its code under track() in-process."""
     import autograd_magic
-    from autograd_magic.views.text import summary_items
 
     cells = json.loads((ROOT / NOTEBOOK).read_text(encoding="utf-8"))["cells"]
     sources = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
@@ -368,7 +367,7 @@ def expected_numbers() -> dict[str, str]:
     exec(compile(setup, "setup", "exec"), namespace)
     with autograd_magic.track() as trace:
         exec(compile(leaky.split("\n", 1)[1], "leaky", "exec"), namespace)
-    return dict(summary_items(trace))
+    return dict(trace.report(block="cell").summary)
 
 
 def test_quickstart_panel_renders_in_jupyterlab(lab: Lab, page: Any, tmp_path: Path) -> None:
