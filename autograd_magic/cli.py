@@ -47,6 +47,12 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
     )
     run.add_argument("--html", metavar="PATH", help="also write the HTML report")
     run.add_argument("--quiet", action="store_true", help="no text report on stderr")
+    run.add_argument(
+        "--watch",
+        action="store_true",
+        help="count every step cheaply and capture in full only the first step and the steps "
+        "where graphs pile up (for long runs); saves a watch file",
+    )
     run.add_argument("script", help="the Python script to run")
     run.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     report = sub.add_parser("report", help="render saved traces (several: side by side)")
@@ -83,6 +89,7 @@ def default_output(script: str) -> str:
 def run_script(args: Any) -> int:
     """Run `args.script` as `__main__` under `track(save=...)`; the script's exit code."""
     from autograd_magic.api import track
+    from autograd_magic.watching import watch
 
     path = Path(args.script)
     if not path.is_file():
@@ -104,8 +111,13 @@ def run_script(args: Any) -> int:
     sys.modules["__main__"] = module
     status, trace = 0, None
     try:
-        with track(save=output, home_code=code, namespace=module.__dict__) as trace:
-            exec(code, module.__dict__)
+        if args.watch:
+            with watch(save=output, home_code=code, namespace=module.__dict__) as watcher:
+                trace = watcher.result
+                exec(code, module.__dict__)
+        else:
+            with track(save=output, home_code=code, namespace=module.__dict__) as trace:
+                exec(code, module.__dict__)
     except SystemExit as stop:
         status = _exit_status(stop.code)
     except BaseException as error:  # reported like Python does, after the trace is saved
@@ -146,10 +158,10 @@ def _after_run(trace: Any, args: Any, output: str) -> None:
     try:
         path = expand_path(output)
         if not args.quiet:
-            from autograd_magic.views.text import render_text
+            from autograd_magic.views.report_html import text_of
 
             # The summary, findings and backward calls; the tables go in the full report.
-            print(render_text(trace.report(), tables=False), file=sys.stderr, end="")
+            print(text_of(trace.report(), tables=False), file=sys.stderr, end="")
             print(f"autograd_magic: trace saved to {path}", file=sys.stderr)
             print(
                 f"autograd_magic: module tree and tables: python -m autograd_magic report "
@@ -193,10 +205,9 @@ def report(args: Any) -> int:
     if out is None and not args.text:
         out = _default_html(args.paths[0])
     if args.text:
-        from autograd_magic.views.report_html import comparison_text
-        from autograd_magic.views.text import render_text
+        from autograd_magic.views.report_html import reports_text
 
-        print(render_text(named[0][1]) if len(named) == 1 else comparison_text(named), end="")
+        print(reports_text(named), end="")
     if out is not None:
         from autograd_magic.views.report_html import report_document
 

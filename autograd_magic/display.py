@@ -6,8 +6,11 @@ views for this: `register_formatters` tells IPython how.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
+
+from IPython.display import display
 
 from autograd_magic.model.trace import Trace
 from autograd_magic.report.build import ReportOptions, report_of
@@ -55,6 +58,8 @@ def trace_bundle(named: Sequence[tuple[str, Trace]], shell: Any) -> dict[str, An
     """The display bundle of one trace (its panel) or several (comparison and panels)."""
     from autograd_magic.views.report_html import comparison_text
 
+    if len(named) == 1 and isinstance(named[0][1], WatchTrace):
+        return watch_bundle(named[0][1])
     if not _in_kernel(shell):
         if len(named) == 1:
             return {"text/plain": render_text(report_for(named[0][1]))}
@@ -85,3 +90,47 @@ def show(traces: Sequence[Trace], names: Sequence[str] | None = None) -> None:
     from IPython.display import publish_display_data
 
     publish_display_data(trace_bundle(named, shell))
+
+
+def _new_panel(trace: Trace, max_nodes: int) -> Any:
+    """A panel for `trace` (live when a recorder calls its `live_update`)."""
+    from autograd_magic.views import panel  # ipywidgets only when a panel is shown
+
+    return panel.TracePanel(trace, max_nodes=max_nodes, block=BLOCK)
+
+
+def show_cell_trace(
+    trace: Trace,
+    panel: Any,
+    handle: Any,
+    args: Any,
+    error: BaseException | None,
+    widgets: bool = True,
+) -> None:
+    """Display a `%%trackgraph` cell's finished trace: in a Jupyter kernel the panel and, as its
+    own output, its static copy (what saved notebooks show anywhere); a watch's report; a
+    rendering failure never hides the user's own error."""
+    try:
+        if not isinstance(trace, Trace):  # a watch: its report, no panel
+            if args.text:
+                print(trace_bundle([("watch", trace)], None)["text/plain"])
+            else:
+                display(trace)
+        elif args.text:
+            print(render_text(report_for(trace, args.max_nodes)))
+        elif not widgets:
+            display(_new_panel(trace, args.max_nodes))  # a terminal prints the text report
+        else:
+            shown = panel is not None
+            panel = panel or _new_panel(trace, args.max_nodes)
+            panel.finish()
+            static = panel.static_copy()  # sets the panel's bundle to widget + one-line text
+            if shown:
+                handle.update(panel)
+            else:
+                display(panel)
+            display(static)
+    except Exception as exc:
+        if error is None:
+            raise
+        print(f"autograd_magic could not render the trace: {exc!r}", file=sys.stderr)

@@ -28,11 +28,10 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from autograd_magic.api import track
-from autograd_magic.display import BLOCK, register_formatters, report_for
+from autograd_magic.display import BLOCK, register_formatters, show_cell_trace
 from autograd_magic.model.trace import Trace
 from autograd_magic.recorder import Recorder, sites
 from autograd_magic.report.model import DEFAULT_MAX_NODES
-from autograd_magic.views.text import render_text
 
 # Frames of the notebook machinery around a cell are never the user's line.
 sites.not_user_code(("IPython", "ipykernel", "traitlets", "tornado", "zmq", "jupyter_client"))
@@ -55,6 +54,12 @@ class TrackGraphMagics(Magics):
     )
     @argument("--no-live", action="store_true", help="Render only when the cell has finished.")
     @argument("--text", action="store_true", help="Print the text report instead of the panel.")
+    @argument(
+        "--watch",
+        action="store_true",
+        help="Count every step cheaply; record in full only the first step and the steps where "
+        "graphs pile up (for long loops).",
+    )
     @argument(
         "--refresh",
         type=float,
@@ -163,7 +168,12 @@ def _start(shell: Any, args: Any, body: CodeType) -> tuple[Recorder, Any, Any]:
     """The cell's recorder (not entered yet) and, in a Jupyter kernel unless told otherwise,
     its live panel (`views.panel.live_panel`, fed by the recorder while it records) already on
     screen, so it shows before the cell's first op; (recorder, None, None) otherwise."""
-    recorder = track(home_code=body, namespace=shell.user_ns, ignore_names=_NOTEBOOK_NAMES)
+    options = {"home_code": body, "namespace": shell.user_ns, "ignore_names": _NOTEBOOK_NAMES}
+    if args.watch:
+        from autograd_magic.watching import Watch
+
+        return Watch(**options), None, None  # type: ignore[return-value]
+    recorder = track(**options)
     panel, handle = None, None
     if not (args.no_live or args.text) and _widget_frontend(shell):
         from autograd_magic.views.panel import live_panel  # ipywidgets only for a panel
@@ -189,7 +199,7 @@ def _end(
     _last_trace = trace
     if args.out:
         shell.user_ns[args.out] = trace
-    _show(trace, panel, handle, args, error, _widget_frontend(shell))
+    show_cell_trace(trace, panel, handle, args, error, _widget_frontend(shell))
     if error is not None:
         raise error.with_traceback(_from_cell(error.__traceback__, codes))
     return value
@@ -305,45 +315,6 @@ _AWAIT_MESSAGE = (
 def _widget_frontend(shell: Any) -> bool:
     """True in a Jupyter kernel, where a widget can be displayed first and updated live."""
     return getattr(shell, "kernel", None) is not None
-
-
-def _new_panel(trace: Trace, max_nodes: int) -> Any:
-    """A panel for `trace` (live when a recorder calls its `live_update`)."""
-    from autograd_magic.views import panel  # ipywidgets only when a panel is shown
-
-    return panel.TracePanel(trace, max_nodes=max_nodes, block=BLOCK)
-
-
-def _show(
-    trace: Trace,
-    panel: Any,
-    handle: Any,
-    args: Any,
-    error: BaseException | None,
-    widgets: bool = True,
-) -> None:
-    """Display the finished trace: in a Jupyter kernel the panel and, as its own output, its
-    static copy (what saved notebooks show anywhere); a rendering failure never hides the
-    user's own error."""
-    try:
-        if args.text:
-            print(render_text(report_for(trace, args.max_nodes)))
-        elif not widgets:
-            display(_new_panel(trace, args.max_nodes))  # a terminal prints the text report
-        else:
-            shown = panel is not None
-            panel = panel or _new_panel(trace, args.max_nodes)
-            panel.finish()
-            static = panel.static_copy()  # sets the panel's bundle to widget + one-line text
-            if shown:
-                handle.update(panel)
-            else:
-                display(panel)
-            display(static)
-    except Exception as exc:
-        if error is None:
-            raise
-        print(f"autograd_magic could not render the trace: {exc!r}", file=sys.stderr)
 
 
 def _from_cell(tb: TracebackType | None, codes: tuple[CodeType | None, ...]) -> Any:

@@ -17,6 +17,7 @@ from typing import Any
 
 from autograd_magic.model.export import FORMAT, FORMAT_VERSION
 from autograd_magic.trace import Trace
+from autograd_magic.watch_trace import WATCH_VERSION, WatchTrace
 
 
 class TraceFileError(Exception):
@@ -53,14 +54,14 @@ def run_info() -> dict[str, Any]:
     return {"rank": rank, "world_size": world, "pid": os.getpid(), "argv": list(sys.argv)}
 
 
-def trace_file_text(trace: Trace, run: dict[str, Any] | None = None) -> str:
+def trace_file_text(trace: Trace | WatchTrace, run: dict[str, Any] | None = None) -> str:
     """The file contents: the export with a leading `run` object (no re-encoding of records)."""
     document = trace.to_json()
     head = json.dumps({"run": run if run is not None else run_info()})
     return head[:-1] + ", " + document[1:]
 
 
-def save_trace(trace: Trace, template: str | os.PathLike[str]) -> Path | None:
+def save_trace(trace: Trace | WatchTrace, template: str | os.PathLike[str]) -> Path | None:
     """Write `trace` to `template` (parents created); the path, or None after a warning."""
     try:
         run = run_info()
@@ -77,8 +78,9 @@ def save_trace(trace: Trace, template: str | os.PathLike[str]) -> Path | None:
         return None
 
 
-def load_trace_file(path: str | os.PathLike[str]) -> tuple[Trace, dict[str, Any]]:
-    """The trace in a file and its `run` object ({} when absent); TraceFileError says why not."""
+def load_trace_file(path: str | os.PathLike[str]) -> tuple[Trace | WatchTrace, dict[str, Any]]:
+    """The trace (or watch) in a file and its `run` object ({} when absent); TraceFileError
+    says why not."""
     name = os.fspath(path)
     try:
         text = Path(name).read_text(encoding="utf-8")
@@ -99,13 +101,15 @@ def load_trace_file(path: str | os.PathLike[str]) -> tuple[Trace, dict[str, Any]
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise TraceFileError(f"{name}: not an autograd_magic trace (no '{FORMAT}' JSON)")
     version = document.get("version")
-    if isinstance(version, int) and version > FORMAT_VERSION:
+    watched = document.get("kind") == "watch"
+    newest = WATCH_VERSION if watched else FORMAT_VERSION
+    if isinstance(version, int) and version > newest:
         raise TraceFileError(
             f"{name}: written by a newer autograd_magic (trace format {version}; "
-            f"this version reads format {FORMAT_VERSION}): upgrade autograd_magic to read it"
+            f"this version reads format {newest}): upgrade autograd_magic to read it"
         )
     try:
-        trace = Trace.from_json(text)
+        trace = WatchTrace.from_json(text) if watched else Trace.from_json(text)
     except (ValueError, KeyError, TypeError) as error:
         raise TraceFileError(f"{name}: not a readable autograd_magic trace ({error})") from None
     run = document.get("run")

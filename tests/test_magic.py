@@ -14,7 +14,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import autograd_magic
-from autograd_magic import magic
+from autograd_magic import display, magic
 from autograd_magic.magic import await_cells
 from autograd_magic.trace import Trace
 from autograd_magic.views import panel as panel_module
@@ -32,9 +32,9 @@ def panels(monkeypatch):
 
         return build
 
-    # live panels come from views.panel.live_panel, the others from the magic's _new_panel
+    # live panels come from views.panel.live_panel, the others from display's _new_panel
     monkeypatch.setattr(panel_module, "live_panel", spy(panel_module.live_panel))
-    monkeypatch.setattr(magic, "_new_panel", spy(magic._new_panel))
+    monkeypatch.setattr(display, "_new_panel", spy(display._new_panel))
     return made
 
 
