@@ -1,0 +1,425 @@
+"""Counted steps (issue 34): the cheap counters watch mode runs between captured steps.
+
+`StepCounter` installs saved-tensor hooks on one thread (no function mode, no records, no stack
+walks) and wraps `torch.autograd.backward` / `torch.autograd.grad`. Per saved tensor it does what
+the full recorder does to keep PyTorch's behaviour (`saved.PackedSaved`: a saved input kept whole,
+a saved output as a detached alias, the version checked at unpack) plus a few counter updates;
+per backward call it tags each root node with a death tag in `node.metadata`. What it counts:
+live backward roots, live saved tensors, live saved bytes (distinct storages nothing else holds)
+and their peak within a step, the backward calls of a step.
+
+Counters written by finalizers (which may run on autograd's threads) are kept apart from those the
+pack hook writes: each is then only ever changed by one kind of writer, and a live figure is a
+difference of the two.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import torch
+from torch.nn.modules import module as nn_module
+
+from autograd_magic.model.records import BlindspotKind
+from autograd_magic.model.watch import HeldSaved, StepCounts
+from autograd_magic.recorder import install, stacks, torch_api
+from autograd_magic.recorder.deferred import finalizer, hold, pending, raise_pending
+from autograd_magic.recorder.nodes import current_sequence_nr
+from autograd_magic.recorder.saved import PackedSaved, may_own_saved, storage_of
+
+_get_ident = threading.get_ident
+_is_compiling = torch.compiler.is_compiling
+_node_sequence_nr = torch_api.node_sequence_nr
+_serials = itertools.count(1)
+
+# Fields of an entry of `StepCounter._live` (one per distinct saved storage), a list for speed.
+_USES, _BYTES, _COUNTED, _SHAPE, _DTYPE, _LINE, _MODULE, _HELD_BY = range(8)
+
+
+class _RootTag:
+    """Stored in a backward root's `node.metadata`: dies with the C++ node. Holds its counter
+    weakly, so a tag outliving its counter reports to no one."""
+
+    __slots__ = ("counter_ref",)
+
+    def __init__(self, counter_ref: weakref.ref[StepCounter]) -> None:
+        self.counter_ref = counter_ref
+
+    @finalizer
+    def __del__(self) -> None:
+        try:
+            counter = self.counter_ref()
+            if counter is not None:
+                counter._roots_died += 1
+        except Exception:
+            pass
+        except BaseException as error:
+            hold(error)
+
+
+class StepCounter:
+    """Counts what autograd holds, step by step, at the cost of a pack hook (see the module).
+
+    `install()` starts counting on the calling thread, `remove()` undoes all of it (idempotent).
+    `end_step()` returns the counters and starts the next step; `on_backward_end()` is called
+    after each outermost backward call on that thread, also when it raises. `block_frame`, if
+    given, is the watched block's frame: each saved storage notes its current line."""
+
+    def __init__(
+        self,
+        block_frame: FrameType | None = None,
+        on_backward_end: Callable[[], None] | None = None,
+    ) -> None:
+        self.block_frame = block_frame
+        self.on_backward_end = on_backward_end
+        self._ref = weakref.ref(self)
+        self._key = f"autograd_magic:root:{next(_serials)}"
+        self._thread = 0
+        self._installed = False
+        self._suspended = False
+        self._handles: list[Any] = []
+        self._pack: Callable[[torch.Tensor], Any] | None = None
+        # Distinct saved storages alive: storage key (a negative serial for storage-less
+        # tensors) -> [uses, bytes, counted, shape, dtype, line, module, held_by].
+        self._live: dict[int, list[Any]] = {}
+        # Written by the pack hook and the backward wrapper (installing thread) only:
+        self._packed = 0
+        self._packed_bytes = 0
+        self._peak = 0
+        self._roots_tagged = 0
+        self._step = 0
+        self._calls = 0
+        self._depth = 0
+        self.module = ""  # the top-level module running now ("" outside any)
+        self._module_depth = 0
+        # Written by finalizers only (any thread):
+        self._released = 0
+        self._released_bytes = 0
+        self._roots_died = 0
+
+    # --- the counters -----------------------------------------------------------------------
+
+    @property
+    def live_roots(self) -> int:
+        """Tagged backward roots whose node is alive."""
+        return self._roots_tagged - self._roots_died
+
+    @property
+    def live_saved(self) -> int:
+        """Saved tensors autograd still holds (packed by this counter)."""
+        return self._packed - self._released
+
+    @property
+    def live_bytes(self) -> int:
+        """Bytes of the distinct saved storages that only the graph holds."""
+        return self._packed_bytes - self._released_bytes
+
+    @property
+    def backward_calls(self) -> int:
+        """Outermost backward calls in the current step."""
+        return self._calls
+
+    def end_step(self, captured: bool = False) -> StepCounts:
+        """The counters now, as the end of the current step; the next step starts."""
+        live = self.live_bytes
+        counts = StepCounts(
+            step=self._step,
+            backward_calls=self._calls,
+            live_roots=self.live_roots,
+            live_saved=self.live_saved,
+            retained_bytes=live,
+            peak_bytes=max(self._peak, live),
+            captured=captured,
+        )
+        self._step += 1
+        self._calls = 0
+        self._peak = live
+        return counts
+
+    def held_now(self) -> list[HeldSaved]:
+        """What the live saved tensors hold, one entry per distinct storage, largest first."""
+        held = [
+            HeldSaved(
+                nbytes=entry[_BYTES],
+                shape=tuple(entry[_SHAPE]),
+                dtype=str(entry[_DTYPE]).replace("torch.", ""),
+                line=entry[_LINE],
+                module=entry[_MODULE],
+                held_by=entry[_HELD_BY],
+            )
+            for entry in list(self._live.values())
+        ]
+        held.sort(key=lambda h: -h.nbytes)
+        return held
+
+    def buffer_released(self, buffer_id: int, storage_key: int) -> None:
+        """A packed object died (autograd let go of a saved tensor): called by its finalizer."""
+        self._released += 1
+        live = self._live
+        entry = live.get(buffer_id)
+        if entry is None:
+            return
+        entry[_USES] -= 1
+        if entry[_USES] <= 0:
+            live.pop(buffer_id, None)
+            if entry[_COUNTED]:
+                self._released_bytes += entry[_BYTES]
+
+    # --- install / remove -------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Start counting on this thread: saved-tensor hooks, the backward wrappers, the global
+        module hooks. Anything half-installed when this raises is taken out again."""
+        if self._installed:
+            return
+        self._thread = _get_ident()
+        self._installed = True
+        try:
+            stacks.remove_stranded_hooks()
+            self._pack = self._pack_hook()
+            install.add_patches(self)
+            if install.hooks_disabled_message() is None:
+                stacks.push_hooks(self._pack, _unpack)
+            else:  # inside torch.func or disable_saved_tensors_hooks: wait for them to end
+                self._suspended = True
+                install.suspended_until_enabled(self)
+            _add_counter(self)
+            pre = nn_module.register_module_forward_pre_hook(self._module_entered)
+            self._handles.append(pre)
+            post = nn_module.register_module_forward_hook(self._module_left, always_call=True)
+            self._handles.append(post)
+        except BaseException:
+            self.remove()
+            raise
+
+    def remove(self) -> None:
+        """Take out everything `install` put in (idempotent; from any thread: hooks installed on
+        another thread are left for that thread to take off, see `stacks.strand`)."""
+        if not self._installed:
+            return
+        self._installed = False
+        while self._handles:
+            self._handles.pop().remove()
+        _remove_counter(self)
+        install.remove_patches(self)
+        pack, self._pack = self._pack, None
+        if pack is not None and not self._suspended:
+            if _get_ident() == self._thread:
+                stacks.remove_hooks(pack)
+            else:
+                stacks.strand(self._thread, pack)
+        self._suspended = False
+
+    def __enter__(self) -> StepCounter:
+        self.install()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    # --- the pack hook ----------------------------------------------------------------------
+
+    def _pack_hook(self) -> Callable[[torch.Tensor], Any]:
+        """This counter's pack hook: a closure, so its per-save reads are local variables."""
+        counter = self
+        ref = self._ref
+        live = self._live
+        frame = self.block_frame
+        peek = torch_api.current_sequence_nr_peek or current_sequence_nr
+        sequence_nr = _node_sequence_nr
+        negative = itertools.count(-1, -1)
+
+        def pack(tensor: torch.Tensor) -> PackedSaved:
+            if pending:
+                raise_pending()
+            grad_fn: Any = tensor.grad_fn
+            # PyTorch keeps a saved input or leaf whole, a saved output (whose grad_fn is the
+            # node being built: the newest on this thread) as its data only (trap 1).
+            # (The cheaper sequence test first: most saved tensors with a grad_fn are inputs.)
+            keep = (
+                grad_fn is None
+                or sequence_nr(grad_fn) != peek() - 1
+                or not may_own_saved(type(grad_fn))
+            )
+            packed = PackedSaved(tensor, grad_fn, ref, 0, keep)
+            counter._packed += 1  # at once: its finalizer counts it released
+            key, size = storage_of(tensor)
+            if not key:
+                key = next(negative)
+            packed.buffer_id = key
+            counted = not packed.held_by
+            entry = live.get(key)
+            if entry is None:
+                line = 0 if frame is None else frame.f_lineno
+                live[key] = [
+                    1, size, counted, tensor.shape, tensor.dtype, line, counter.module,
+                    packed.held_by,
+                ]  # fmt: skip
+            else:
+                entry[_USES] += 1
+                if not counted or entry[_COUNTED]:
+                    return packed
+                entry[_COUNTED] = True  # a storage first saved through a parameter's view
+            if counted:
+                total = counter._packed_bytes + size
+                counter._packed_bytes = total
+                total -= counter._released_bytes
+                if total > counter._peak:
+                    counter._peak = total
+            return packed
+
+        return pack
+
+    # --- the global module hooks ------------------------------------------------------------
+
+    def _module_entered(self, module: torch.nn.Module, args: Any) -> None:
+        if _get_ident() != self._thread:
+            return
+        self._module_depth += 1
+        if self._module_depth == 1:
+            self.module = type(module).__name__
+
+    def _module_left(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if _get_ident() != self._thread:
+            return
+        self._module_depth -= 1
+        if self._module_depth <= 0:
+            self._module_depth = 0
+            self.module = ""
+
+    # --- backward calls (from the wrappers) -------------------------------------------------
+
+    def _backward_starts(self, roots: Any) -> None:
+        """Count an outermost backward call and tag its roots' nodes (each node once)."""
+        self._calls += 1
+        if isinstance(roots, torch.Tensor):
+            roots = (roots,)
+        elif not isinstance(roots, (tuple, list)):
+            return  # an iterator: reading it would consume the user's roots
+        key = self._key
+        for root in roots:
+            node: Any = (
+                root.grad_fn if isinstance(root, torch.Tensor) else getattr(root, "node", None)
+            )
+            if node is None:
+                continue
+            metadata = node.metadata
+            if key not in metadata:
+                metadata[key] = _RootTag(self._ref)
+                self._roots_tagged += 1
+
+    # --- install.Patched: what the shared patches call --------------------------------------
+
+    def from_numpy_made(self, tensor: torch.Tensor, array: Any) -> None:
+        pass
+
+    def user_hooks_entered(self) -> None:
+        pass
+
+    def forget(self, obj: Any) -> None:
+        pass
+
+    def suspend(self, kind: BlindspotKind, message: str) -> bool:
+        """Take the hooks off where PyTorch allows none (torch.func, hooks disabled)."""
+        if not self._installed or _get_ident() != self._thread or self._suspended:
+            return False
+        if self._pack is not None:
+            stacks.remove_hooks(self._pack)
+        self._suspended = True
+        return True
+
+    def resume(self) -> None:
+        """Undo `suspend` (nothing once removed)."""
+        if self._suspended and self._installed and self._pack is not None:
+            self._suspended = False
+            stacks.push_hooks(self._pack, _unpack)
+
+
+def _unpack(packed: Any) -> torch.Tensor:
+    # PyTorch skips its in-place check while hooks are on: `checked_tensor` redoes it (trap 2).
+    if type(packed) is PackedSaved:
+        return packed.checked_tensor()
+    return packed
+
+
+# --- the backward wrappers (installed once, shared by every counter) ---------------------------
+
+_counters: list[weakref.ref[StepCounter]] = []
+_originals: dict[str, Callable[..., Any]] = {}
+# Names whose wrapper was left under another patch at removal: that patch still calls ours.
+_buried: set[str] = set()
+
+
+def _active() -> list[StepCounter]:
+    ident = _get_ident()
+    return [c for ref in _counters if (c := ref()) is not None and c._thread == ident]
+
+
+def _run(name: str, roots: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    original = _originals.get(name) or _DEFAULTS[name]
+    if _is_compiling():
+        return original(*args, **kwargs)
+    if pending:
+        raise_pending()
+    counters = _active()
+    outermost = [c for c in counters if c._depth == 0]
+    for counter in counters:
+        counter._depth += 1
+    try:
+        for counter in outermost:
+            counter._backward_starts(roots)
+        return original(*args, **kwargs)
+    finally:
+        for counter in counters:
+            counter._depth -= 1
+        for counter in outermost:
+            if counter.on_backward_end is not None:
+                counter.on_backward_end()
+
+
+def _backward(*args: Any, **kwargs: Any) -> Any:
+    return _run("backward", args[0] if args else kwargs.get("tensors"), args, kwargs)
+
+
+def _grad(*args: Any, **kwargs: Any) -> Any:
+    return _run("grad", args[0] if args else kwargs.get("outputs"), args, kwargs)
+
+
+_backward.__doc__ = torch.autograd.backward.__doc__
+_grad.__doc__ = torch.autograd.grad.__doc__
+_DEFAULTS: dict[str, Callable[..., Any]] = {
+    "backward": torch.autograd.backward,
+    "grad": torch.autograd.grad,
+}
+_OURS: dict[str, Callable[..., Any]] = {"backward": _backward, "grad": _grad}
+
+
+def _add_counter(counter: StepCounter) -> None:
+    _counters.append(counter._ref)
+    for name, ours in _OURS.items():
+        current = getattr(torch.autograd, name)
+        if current is ours:
+            continue
+        if name in _buried and current is not _originals.get(name):
+            continue  # ours sits under `current`, which calls it
+        _buried.discard(name)
+        _originals[name] = current
+        setattr(torch.autograd, name, ours)
+
+
+def _remove_counter(counter: StepCounter) -> None:
+    _counters[:] = [ref for ref in _counters if ref() is not None and ref() is not counter]
+    if _counters:
+        return
+    for name, ours in _OURS.items():
+        if getattr(torch.autograd, name) is ours:
+            setattr(torch.autograd, name, _originals.pop(name, _DEFAULTS[name]))
+            _buried.discard(name)
+        else:
+            # Patched on top by someone else: theirs stays; ours under it only passes calls on.
+            _buried.add(name)
