@@ -40,11 +40,27 @@ _get_ident = threading.get_ident
 _MAIN = threading.main_thread().ident
 
 
+# Before Python 3.11 a function's first instruction is where an interrupt already pending as it
+# starts is raised (so `took` sees that the body never ran), unless it is one of these, before
+# which CPython 3.10 does not check for signals: then the interrupt is raised at the body's first
+# call or jump, inside the finalizer's guard, after part of the body ran and the rest never runs
+# (a saved buffer never marked freed). 3.11+ begins every function with RESUME, which checks.
+_NO_SIGNAL_CHECK = (
+    frozenset()
+    if sys.version_info >= (3, 11)
+    else frozenset({"SETUP_FINALLY", "SETUP_WITH", "BEFORE_ASYNC_WITH", "YIELD_FROM"})
+)
+
+
 def finalizer(function: F) -> F:
     """Mark `function` as one of our finalizers or weakref callbacks (it must guard its body
-    with `except BaseException as error: hold(error)` after its `except Exception`)."""
+    with `except BaseException as error: hold(error)` after its `except Exception`, and not
+    begin with that `try`: its first statement is one that cannot fail, before the guard)."""
     code = function.__code__
     if code not in _FINALIZERS:  # a closure's code is shared by every closure made from it
+        first = next(dis.get_instructions(code)).opname
+        if first in _NO_SIGNAL_CHECK:
+            raise TypeError(f"finalizer {code.co_name} begins with {first} (see _NO_SIGNAL_CHECK)")
         _FINALIZERS[code] = _first_own_offset(code)
     return function
 

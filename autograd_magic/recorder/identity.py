@@ -101,8 +101,8 @@ def _forgetter(
     # the weak refs (users may run with gc disabled).
     @finalizer
     def forget(ref: _Entry) -> None:
+        uid = ref.uid  # before the guard: see deferred.finalizer
         try:
-            uid = ref.uid
             by_uid.pop(uid, None)
             # A dead object's label lives on in the trace (`Trace.labels`, capped) if at all.
             labels.pop(uid, None)

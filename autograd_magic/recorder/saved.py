@@ -150,10 +150,12 @@ class PackedSaved:
     def __del__(self) -> None:
         # Never raise from a finalizer: it runs inside autograd; an interrupt is held for
         # later (see deferred). A bare try, not contextlib.suppress: this runs once per node
-        # or buffer, and the context manager costs more than the bookkeeping.
+        # or buffer, and the context manager costs more than the bookkeeping. The slot is read
+        # before the guard: a finalizer must not begin with `try` (see deferred.finalizer).
+        slot = self.slot
         try:
-            if self.slot >= 0:
-                SLOTS.release(self.slot)
+            if slot >= 0:
+                SLOTS.release(slot)
             writer = self.writer_ref()
             if writer is not None:
                 writer.buffer_released(self.buffer_id, self.storage_key)
