@@ -129,6 +129,19 @@ def test_held_now_names_line_and_top_level_module(gc_disabled):
     assert {h.held_by for h in held} == {"", "parameter"}  # addmm saves weight.t()
 
 
+def test_a_block_frame_set_after_install_is_read(gc_disabled):
+    """GIVEN a counter whose block frame is set only after install (watch mode finds it at the
+    first step's end) WHEN tensors are saved THEN they name the frame's line from then on."""
+    x = torch.ones(3, requires_grad=True)
+    with StepCounter() as counter:
+        before = x.exp()
+        counter.block_frame = sys._getframe()
+        after = x.exp()  # L:after
+        lines = sorted(h.line for h in counter.held_now())
+        del before, after
+    assert lines == [0, line_of("after")]
+
+
 def test_a_second_threads_backward_is_not_counted(gc_disabled):
     """GIVEN a counter installed on this thread WHEN another thread runs forward and backward
     THEN nothing of it is counted, and its own results are right."""

@@ -229,7 +229,6 @@ class StepCounter:
         counter = self
         ref = self._ref
         live = self._live
-        frame = self.block_frame
         peek = torch_api.current_sequence_nr_peek or current_sequence_nr
         sequence_nr = _node_sequence_nr
         negative = itertools.count(-1, -1)
@@ -255,6 +254,7 @@ class StepCounter:
             counted = not packed.held_by
             entry = live.get(key)
             if entry is None:
+                frame = counter.block_frame  # read here: it may be set after install
                 line = 0 if frame is None else frame.f_lineno
                 live[key] = [
                     1, size, counted, tensor.shape, tensor.dtype, line, counter.module,
