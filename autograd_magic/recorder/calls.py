@@ -1,8 +1,9 @@
 """The per-call path: what the block's function mode hands each of the user's torch calls to.
 
-Every entry point runs its call inside one frame (`_framed`): the buffers unowned when the call
+Every entry point runs its call inside one frame (`run`): the buffers unowned when the call
 began, the in-call mark that lets the call's saved buffers and node share one stack walk, and the
-live listener between two calls. Kept short: it runs once per torch call.
+live listener between two calls. Kept short: it runs once per torch call, and the mode hands the
+common op and the common write straight to `run` with their body (`plain`, `inplace`).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class OpRecording:
         self.listening = listening
         self.stand_ins = stand_ins
 
-    def _framed(self, body: Body, func: Any, args: tuple, kwargs: Any, call: StandIn) -> Any:
+    def run(self, body: Body, func: Any, args: tuple, kwargs: Any, call: StandIn) -> Any:
         """Run `body` as the user's call: every entry point's frame, written once."""
         __tracebackhide__ = True
         state = self.state
@@ -78,18 +79,7 @@ class OpRecording:
             kind_of(func)  # classified the first time it is seen, whichever path sees it
         if self.state.busy:
             return func(*args, **kwargs)
-        return self._framed(self._general, func, args, kwargs, call)
-
-    def plain(self, func: Any, args: tuple, kwargs: dict | None, call: StandIn) -> Any:
-        """The common op (kind PLAIN, no `out=`), kept short: it runs per op."""
-        __tracebackhide__ = True
-        return self._framed(self._plain, func, args, kwargs, call)
-
-    def inplace(self, func: Any, args: tuple, kwargs: dict, call: StandIn) -> Any:
-        """A write on plain tensors (kind INPLACE, no `out=`): an optimizer step makes one per
-        parameter and state tensor, so it skips the general path's dispatch."""
-        __tracebackhide__ = True
-        return self._framed(self._inplace, func, args, kwargs, call)
+        return self.run(self._general, func, args, kwargs, call)
 
     def subclass(self, func: Any, args: tuple, kwargs: dict, call: StandIn) -> Any:
         """A call on a tensor subclass with its own `__torch_function__`: the subclass sees the
@@ -102,9 +92,9 @@ class OpRecording:
             # Writes and backward interleave their bookkeeping with the call: recorded as usual
             # (the subclass may see the recorder's reads there).
             return self.general(func, args, kwargs, call)
-        return self._framed(self._subclass, func, args, kwargs, call)
+        return self.run(self._subclass, func, args, kwargs, call)
 
-    # ----- bodies, run inside the frame ----------------------------------------------------
+    # ----- bodies, run inside the frame (the mode runs the first two itself) ---------------
     def _general(self, func: Any, args: tuple, kwargs: dict, call: StandIn, mark: int) -> Any:
         __tracebackhide__ = True
         kind, name = KINDS[func]
@@ -123,7 +113,8 @@ class OpRecording:
             self.nodes.register_outputs(out, mark)
         return out
 
-    def _plain(self, func: Any, args: tuple, kwargs: dict | None, call: StandIn, mark: int) -> Any:
+    def plain(self, func: Any, args: tuple, kwargs: dict | None, call: StandIn, mark: int) -> Any:
+        """The common op (kind PLAIN, no `out=`), kept short: it runs per op."""
         __tracebackhide__ = True
         out = call(func, args, kwargs)
         if type(out) is _Tensor or isinstance(out, _Tensor):
@@ -137,7 +128,9 @@ class OpRecording:
             self.nodes.register_outputs(out, mark)
         return out
 
-    def _inplace(self, func: Any, args: tuple, kwargs: dict, call: StandIn, mark: int) -> Any:
+    def inplace(self, func: Any, args: tuple, kwargs: dict, call: StandIn, mark: int) -> Any:
+        """A write on plain tensors (kind INPLACE, no `out=`): an optimizer step makes one per
+        parameter and state tensor, so it skips the general path's dispatch."""
         __tracebackhide__ = True
         out = self.aliases.run_inplace(func, KINDS[func][1], args, kwargs, call)
         if type(out) is _Tensor or type(out) is _Parameter:

@@ -27,7 +27,7 @@ from torch.nn.modules import module as nn_module
 
 from autograd_magic.model.records import BlindspotKind
 from autograd_magic.model.watch import HeldSaved, StepCounts
-from autograd_magic.recorder import install, stacks, torch_api
+from autograd_magic.recorder import install, native, stacks, torch_api
 from autograd_magic.recorder.deferred import finalizer, hold, pending, raise_pending
 from autograd_magic.recorder.nodes import current_sequence_nr
 from autograd_magic.recorder.saved import PackedSaved, may_own_saved, storage_of
@@ -36,6 +36,11 @@ _get_ident = threading.get_ident
 _is_compiling = torch.compiler.is_compiling
 _node_sequence_nr = torch_api.node_sequence_nr
 _serials = itertools.count(1)
+# Take an object out of the cycle collector's view (compiled helper; None without it). What the
+# pack hook makes (packed objects, storage entries, root tags) is referenced only by autograd's
+# C++ slots and our tables and can be in no cycle; tracked, each would count toward the user's
+# collections and survive with its graph into the oldest generation (as `packing` says).
+_untrack: Callable[[Any], Any] | None = None if native.NATIVE is None else native.NATIVE.untrack
 
 # Fields of an entry of `StepCounter._live` (one per distinct saved storage), a list for speed.
 _USES, _BYTES, _COUNTED, _SHAPE, _DTYPE, _LINE, _MODULE, _HELD_BY = range(8)
@@ -232,6 +237,7 @@ class StepCounter:
         peek = torch_api.current_sequence_nr_peek or current_sequence_nr
         sequence_nr = _node_sequence_nr
         negative = itertools.count(-1, -1)
+        untrack = _untrack
 
         def pack(tensor: torch.Tensor) -> PackedSaved:
             if pending:
@@ -247,6 +253,8 @@ class StepCounter:
             )
             packed = PackedSaved(tensor, grad_fn, ref, 0, keep)
             counter._packed += 1  # at once: its finalizer counts it released
+            if untrack is not None:
+                untrack(packed)
             key, size = storage_of(tensor)
             if not key:
                 key = next(negative)
@@ -256,10 +264,11 @@ class StepCounter:
             if entry is None:
                 frame = counter.block_frame  # read here: it may be set after install
                 line = 0 if frame is None else frame.f_lineno
-                live[key] = [
+                entry = [
                     1, size, counted, tensor.shape, tensor.dtype, line, counter.module,
                     packed.held_by,
                 ]  # fmt: skip
+                live[key] = entry if untrack is None else untrack(entry)
             else:
                 entry[_USES] += 1
                 if not counted or entry[_COUNTED]:
@@ -310,7 +319,8 @@ class StepCounter:
                 continue
             metadata = node.metadata
             if key not in metadata:
-                metadata[key] = _RootTag(self._ref)
+                tag = _RootTag(self._ref)
+                metadata[key] = tag if _untrack is None else _untrack(tag)
                 self._roots_tagged += 1
 
     # --- install.Patched: what the shared patches call --------------------------------------

@@ -112,9 +112,9 @@ class RecorderMode(install.BlockMode):
                         recorder.notify_listener()
                     return out
                 if not recorder.state.busy:
-                    return recorder.plain(func, args, kwargs, call)
+                    return recorder.run(recorder.plain, func, args, kwargs, call)
             elif func in INPLACE and not (kwargs and "out" in kwargs) and not recorder.state.busy:
-                return recorder.inplace(func, args, kwargs or {}, call)
+                return recorder.run(recorder.inplace, func, args, kwargs or {}, call)
             return recorder.general(func, args, kwargs or {}, call)
         except BaseException as error:
             # torch's dispatch to this mode exists only because the mode does (see tracebacks).

@@ -143,7 +143,7 @@ class NodeFinder:
         metadata[key] = self._new_tag(state.writer_ref, node_id)
         site = state.call_site or self.sites.here()
         writer = self.writer
-        writer.op_node(node_id, type(node).__name__, site, tuple(next_ids))
+        writer.node_born(node_id, type(node).__name__, site, False, tuple(next_ids), True)
         unowned = state.unowned
         if unowned:
             if mark == 0:

@@ -91,37 +91,46 @@ class TraceWriter:
 
     # ----- nodes --------------------------------------------------------------------------
     def node_born(
-        self, node_id: int, name: str, site: Site, existed_before: bool, next_ids: tuple[int, ...]
+        self,
+        node_id: int,
+        name: str,
+        site: Site,
+        existed_before: bool,
+        next_ids: tuple[int, ...],
+        alone: bool = False,
     ) -> None:
-        """One node found by a graph walk (the caller takes the sequence number and sample)."""
+        """One node found by a graph walk (the caller takes the sequence number and sample), or,
+        `alone`, the one node an op just made (the per-op path): then its sequence number and
+        timeline sample are taken here, in the same call."""
         trace = self.trace
+        if alone:
+            trace.seq += 1
         trace.nodes_created += 1
-        trace.live_nodes += 1
-        if trace.live_nodes > trace.peak_live_nodes:
-            trace.peak_live_nodes = trace.live_nodes
-        if len(trace.nodes) >= trace.max_records:
+        trace.live_nodes = live = trace.live_nodes + 1
+        if live > trace.peak_live_nodes:
+            trace.peak_live_nodes = live
+        if len(trace.nodes) < trace.max_records:
+            # Positional: a dataclass's __init__ takes keywords slower (one record per op).
+            record = NodeRecord(
+                node_id,
+                name,
+                trace.seq,
+                site,
+                next_ids,
+                None,
+                None,
+                existed_before,
+                None,
+                self.module,
+            )
+            if self.untrack is not None:
+                self.untrack(record)
+            trace.nodes.append(record)
+            self._nodes[node_id] = record
+        else:
             trace.dropped_nodes += 1
-            return
-        record = NodeRecord(
-            node_id,
-            name,
-            trace.seq,
-            site,
-            next_ids,
-            existed_before=existed_before,
-            module=self.module,
-        )
-        if self.untrack is not None:
-            self.untrack(record)
-        trace.nodes.append(record)
-        self._nodes[node_id] = record
-
-    def op_node(self, node_id: int, name: str, site: Site, next_ids: tuple[int, ...]) -> None:
-        """The node an op just made (the per-op path): a new sequence number, the record and the
-        timeline sample."""
-        self.trace.seq += 1
-        self.node_born(node_id, name, site, False, next_ids)
-        self.sample(NODES_CREATED, site)
+        if alone:
+            self.sample(NODES_CREATED, site)
 
     def node_died(self, node_id: int) -> None:
         """A tagged node was destroyed (called from its tag's finalizer)."""
