@@ -382,3 +382,21 @@ def test_records_hold_no_tensor(gc_disabled):
     del y
     assert ref() is None
     assert not trace.buffers[0].freed  # released after the block: not the block's event
+
+
+def test_names_the_caller_says_to_ignore_are_not_walked(gc_disabled):
+    """GIVEN a namespace where a notebook's own table (`Out`) holds a view before the user's
+    name does WHEN the block is told to ignore `Out` THEN the view is named by the user's path,
+    and without the option by the table's."""
+    x = torch.randn(4, requires_grad=True)
+
+    def record(ignore: tuple[str, ...]) -> set[str]:
+        namespace: dict = {}
+        with am.track(namespace=namespace, ignore_names=ignore) as trace:
+            view = x.detach()
+            namespace.update(Out={1: view}, held=[[view]])
+        return set(trace.labels.values())
+
+    assert "Out[1]" in record(())
+    names = record(("Out",))
+    assert "held[0][0]" in names and not any(n.startswith("Out") for n in names)
