@@ -79,6 +79,13 @@ def test_run_is_the_script_plus_a_report_and_a_trace_file(tmp_path):
     assert any("losses" in f.message for f in trace.findings)
     page = (tmp_path / "out" / "r.html").read_text()
     assert "`losses` holds 4 tensors" in page and page.count("data:image/png;base64,") == 2
+    # AND a script's report speaks of no cell and no live panel (issue 36, item 4)
+    assert "live panel" not in page and "cell" not in page.lower(), page
+    from autograd_magic.views.figures import timeline_figure
+
+    figure = timeline_figure(trace.report().timeline)
+    words = [t.get_text() for ax in figure.axes for t in [*ax.texts, ax.xaxis.label]]
+    assert not [w for w in words if "cell" in w], words
 
 
 def test_a_raising_script_keeps_its_exit_code_and_traceback(tmp_path):

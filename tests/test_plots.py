@@ -310,3 +310,30 @@ def test_the_timeline_labels_of_a_cell_that_raises_neither_overlap_nor_leave_the
         assert box.x0 >= 0 and box.x1 <= width and box.y0 >= 0 and box.y1 <= height, text
     for (a, box_a), (b, box_b) in itertools.combinations(labels, 2):
         assert not box_a.overlaps(box_b), (a, b)
+
+
+def test_every_box_of_a_two_headed_script_is_labelled_inside_the_picture():
+    # GIVEN a trunk with two heads, the second head's graph freed by its backward (a script's
+    # block: its boxes lie at the right edge, where a label right of its dot has no room)
+    torch.manual_seed(0)
+    trunk = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh())
+    heads = torch.nn.Linear(16, 1), torch.nn.Linear(16, 1)
+    with autograd_magic.track() as trace:
+        features = trunk(torch.randn(4, 8))
+        first = heads[0](features).sigmoid().mean()
+        heads[1](features).sigmoid().mean().backward(retain_graph=True)
+    view = report(trace).graph.view
+    assert any(not box.alive for box in view.boxes)
+    # WHEN its graph is drawn
+    fig = plots.graph_figure(view)
+    labels = _labels_of(fig)
+    # THEN every box has its own label (issue 36, item 4: the freed head had none), left of
+    # its dot where the right has no room, inside the picture and over no other label
+    assert len(labels) == len(view.boxes), [text for text, _ in labels]
+    assert "labels left out" not in fig.axes[0].get_title()
+    for text, box in labels:
+        assert box.x0 >= 0 and box.x1 <= fig.bbox.width, text
+    for (a, box_a), (b, box_b) in itertools.combinations(labels, 2):
+        assert not box_a.overlaps(box_b), (a, b)
+    assert any(t.startswith("1 node") or "\n1 node" in t for t, _ in labels)  # not "1 nodes"
+    del first

@@ -23,12 +23,13 @@ def draw_labels(
     width: float,
     color: str,
 ) -> int:
-    """Label boxes right of their dot (a chain of modules reads top to bottom); how many were
-    left out. Boxes a user's variable keeps alive go first, with the variable. Boxes alike on one
-    layer (same op, line and bytes: a loop's iterations) get one label for the row when theirs
-    would not all fit, with room made for it right of the row; a label that would run into
-    another label, a dot on its layer or the figure's edge is left out (the panel's Node list and
-    the text report's graph table still name every box)."""
+    """Label boxes right of their dot (a chain of modules reads top to bottom), or left of it
+    where the right has no room (the figure's right edge); how many were left out. Boxes a
+    user's variable keeps alive go first, with the variable. Boxes alike on one layer (same op,
+    line and bytes: a loop's iterations) get one label for the row when theirs would not all
+    fit, with room made for it right of the row; a label that would run into another label, a
+    dot on its layer or the figure's edge is left out (the panel's Node list and the text
+    report's graph table still name every box)."""
     rows: dict[tuple[float, str], list[int]] = {}
     for index in sorted(range(len(boxes)), key=lambda i: (ys[i], xs[i])):
         rows.setdefault((ys[index], _box_text(boxes[index])), []).append(index)
@@ -46,16 +47,18 @@ def draw_labels(
     for row, tries, once in plan:
         placed = 0
         for index, label in tries:
-            if not room.fits([(index, label)]):
+            side = room.side(index, label)
+            if side is None:
                 continue
-            room.take(index, label)
+            room.take(index, label, side)
             placed += 1
+            gap = math.sqrt(sizes[index]) / 2 + 4  # dot radius in points, plus a gap
             ax.annotate(
                 label,
                 (xs[index], ys[index]),
-                xytext=(math.sqrt(sizes[index]) / 2 + 4, 0),  # dot radius in points, plus a gap
+                xytext=(gap if side == "right" else -gap, 0),
                 textcoords="offset points",
-                ha="left",
+                ha="left" if side == "right" else "right",
                 va="center",
                 fontsize=7,
                 color=color,
@@ -83,29 +86,46 @@ class _Room:
         self.low, high = ax.get_xlim()
         self.axes_width = width * 72 * 0.9  # the axes span ~90% of the figure
         self.per_x = self.axes_width / ((high - self.low) or 1)
-        self.right_edge = self.axes_width * 1.05  # the figure's edge, from the axes' left
+        self.right_edge = self.axes_width * 1.05  # the figure's edges, from the axes' left
+        self.left_edge = -self.axes_width * 0.05
         self.taken: dict[float, list[tuple[float, float]]] = {}
         for x, y, size in zip(xs, ys, sizes, strict=True):
             centre, radius = (x - self.low) * self.per_x, math.sqrt(size) / 2
             self.taken.setdefault(y, []).append((centre - radius, centre + radius))
 
-    def span(self, index: int, text: str) -> tuple[float, float]:
-        start = (self.xs[index] - self.low) * self.per_x + math.sqrt(self.sizes[index]) / 2 + 4
-        return start, start + _text_width(text) + 4
+    def span(self, index: int, text: str, side: str = "right") -> tuple[float, float]:
+        centre = (self.xs[index] - self.low) * self.per_x
+        gap = math.sqrt(self.sizes[index]) / 2 + 4
+        if side == "left":
+            return centre - gap - _text_width(text) - 4, centre - gap
+        return centre + gap, centre + gap + _text_width(text) + 4
 
     def fits(self, labels: list[tuple[int, str]]) -> bool:
-        """Whether all of `labels` (box index, text) fit together."""
+        """Whether all of `labels` (box index, text) fit together, right of their dots."""
         placed: list[tuple[float, tuple[float, float]]] = []
         for index, text in labels:
-            y, (start, end) = self.ys[index], self.span(index, text)
-            here = self.taken[y] + [s for layer, s in placed if layer == y]
-            if end > self.right_edge or any(a < end and start < b for a, b in here):
+            y, span = self.ys[index], self.span(index, text)
+            if not self._free(y, span, [s for layer, s in placed if layer == y]):
                 return False
-            placed.append((y, (start, end)))
+            placed.append((y, span))
         return True
 
-    def take(self, index: int, text: str) -> None:
-        self.taken[self.ys[index]].append(self.span(index, text))
+    def side(self, index: int, text: str) -> str | None:
+        """Where one label fits: right of its dot, else left of it (a box at the right edge:
+        the last of a fan-out), else nowhere."""
+        for side in ("right", "left"):
+            if self._free(self.ys[index], self.span(index, text, side)):
+                return side
+        return None
+
+    def _free(self, y: float, span: tuple[float, float], also: Sequence = ()) -> bool:
+        start, end = span
+        if end > self.right_edge or start < self.left_edge:
+            return False
+        return not any(a < end and start < b for a, b in [*self.taken[y], *also])
+
+    def take(self, index: int, text: str, side: str = "right") -> None:
+        self.taken[self.ys[index]].append(self.span(index, text, side))
 
     def widen(self, labels: list[tuple[int, str]]) -> bool:
         """Stretch the x axis so each of `labels` fits right of its box (a row's label right of
@@ -150,7 +170,8 @@ def _box_text(box: Box) -> str:
     if box.module:
         repeat = f" x{box.modules}" if box.modules > 1 else ""
         size = f", {format_bytes(box.saved_bytes)}" if box.saved_bytes else ""
-        return f"{box.name}  {box.type}{repeat}\n{len(box.members):,} nodes{size}"
+        nodes = f"{len(box.members):,} node" + ("s" if len(box.members) != 1 else "")
+        return f"{box.name}  {box.type}{repeat}\n{nodes}{size}"
     name = "leaf" if box.name == ACCUMULATE_GRAD else box.name.replace("Backward0", "")
     name = name.replace("Backward1", "")
     count = f" x{len(box.members)}" if len(box.members) > 1 else ""
