@@ -1,7 +1,8 @@
 """autograd_magic: see what PyTorch autograd does with memory, in Jupyter and in scripts.
 
 `%load_ext autograd_magic` registers the `%%trackgraph` cell magic; `autograd_magic.track()` is
-the same recorder as a context manager.
+the same recorder as a context manager; `autograd_magic.watch()` counts every step cheaply and
+records in full only the steps that explain a problem.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from autograd_magic.model.records import (
 )
 from autograd_magic.recorder.core import Recorder
 from autograd_magic.trace import Trace
+from autograd_magic.watch_trace import WatchTrace
+from autograd_magic.watching import watch
 
 __version__ = "0.1.0"
 
@@ -92,8 +95,10 @@ __all__ = [
     "TimelineSample",
     "Trace",
     "VersionBump",
+    "WatchTrace",
     "last_trace",
     "show",
     "track",
     "uninstall",
+    "watch",
 ]

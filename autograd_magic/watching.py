@@ -1,0 +1,335 @@
+"""`watch()`: leave it on. Every step is counted for what the hooks alone cost; the steps that
+explain a problem are captured in full (the first steps, a schedule, on demand, or when the
+counters show graphs piling up); an out-of-memory error gets a post-mortem.
+
+A step ends with each backward call (or `w.step()`, once the code calls it). A counted step
+keeps a few numbers (`StepCounts`); a captured step runs today's recorder (`track()`), entered at
+a step boundary and left at a later one: a run of captured steps is one `CaptureWindow` with its
+own `Trace`, findings included. See `WatchTrace` for what a watched block leaves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Collection
+from types import CodeType, FrameType, TracebackType
+from typing import Any
+
+from torch.nn.modules.module import register_module_forward_pre_hook
+
+from autograd_magic.model.watch import (
+    CaptureWindow,
+    HeldSaved,
+    OutOfMemory,
+    StepCounts,
+    WatchOptions,
+    captured_counts,
+    growth_start,
+    is_out_of_memory,
+)
+from autograd_magic.recorder import stacks, torch_api
+from autograd_magic.recorder.core import Recorder
+from autograd_magic.recorder.counting import StepCounter
+from autograd_magic.recorder.mode import RecorderMode
+from autograd_magic.recorder.naming import frame_namespace
+from autograd_magic.trace import Trace
+from autograd_magic.watch_trace import WatchTrace
+
+__all__ = ["Watch", "WatchOptions", "WatchTrace", "watch"]
+
+
+def watch(
+    save: str | os.PathLike[str] | None = None,
+    first: int = WatchOptions.first,
+    every: int = WatchOptions.every,
+    escalate_after: int = WatchOptions.escalate_after,
+    capture_steps: int = WatchOptions.capture_steps,
+    max_windows: int = WatchOptions.max_windows,
+    **track_options: Any,
+) -> Watch:
+    """Watch a block: `with autograd_magic.watch() as w:` counts every step and captures some in
+    full. `first`: steps captured at the start; `every`: also capture every Nth step (0: never);
+    escalation: when live backward roots or retained saved bytes rise at `escalate_after`
+    consecutive step ends, the next `capture_steps` steps are captured (at most `max_windows`
+    windows). `save="watch.json"` writes the result when the block ends (`{rank}`, `{pid}`).
+    Other options are `track()`'s (`namespace`, `home_code`, `ignore_names`, ...)."""
+    options = WatchOptions(first, every, escalate_after, capture_steps, max_windows)
+    return Watch(options, save=save, **track_options)
+
+
+class Watch:
+    """Context manager behind `watch()`; `__enter__` returns it (`w.step()`, `w.capture()`,
+    `w.result`, the `WatchTrace` being filled)."""
+
+    def __init__(
+        self,
+        options: WatchOptions | None = None,
+        save: str | os.PathLike[str] | None = None,
+        home_code: CodeType | None = None,
+        namespace: dict[str, Any] | None = None,
+        ignore_names: Collection[str] = (),
+        **track_options: Any,
+    ) -> None:
+        self.options = options or WatchOptions()
+        self.result = WatchTrace(self.options)
+        self._save = save
+        self._home_code = home_code
+        self._namespace = namespace
+        self._ignore_names = ignore_names
+        self._track_options = track_options
+        self._counter: StepCounter | None = None
+        # The block's own frame, running while the block runs (dropped at exit): its line is
+        # what a counted step's saved tensors are attributed to.
+        self._frame: FrameType | None = None
+        self._recorder: Recorder | None = None
+        self._window: CaptureWindow | None = None
+        self._explicit = False  # set by the first `step()`: then only `step()` ends steps
+        self._since_step = 0  # backward calls since the last step end
+        self._asked = 0  # steps `capture()` asked for, taken at the next step boundary
+        self._purge_hook: Any = None  # while a closed window's mode may still be stacked
+        self._escalated = False  # the current rise was captured: not again until it stops
+
+    # ----- the block ----------------------------------------------------------------------
+    def __enter__(self) -> Watch:
+        frame = None
+        if self._home_code is None:
+            frame = self._frame = _caller(sys._getframe(1))
+            self._home_code = frame.f_code
+        # With `home_code` given (the magic, the command line) the block's frame does not exist
+        # yet: it is found at the first step's end (`_find_frame`).
+        self._counter = StepCounter(block_frame=frame, on_backward_end=self._backward_ended)
+        self._counter.install()
+        if self.options.first > 0:
+            self._open_window(self.options.first, "the first steps")
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        __tracebackhide__ = True
+        try:
+            if error is not None and is_out_of_memory(error) and self._counter is not None:
+                self.result.out_of_memory = self._post_mortem(error)
+            self._close_window(kind, error, tb)
+        finally:
+            self._frame = None
+            if self._counter is not None:
+                self._counter.block_frame = None
+            self._purge()
+            self._stop_purging()
+            if self._counter is not None:
+                self._counter.remove()
+            self.result.finish(None if error is None else f"{kind.__name__}: {error}")
+            if self._save is not None:
+                from autograd_magic.saving import save_trace
+
+                save_trace(self.result, self._save)  # type: ignore[arg-type]
+
+    @property
+    def trace(self) -> WatchTrace:
+        """The `WatchTrace` being filled (as a recorder's `trace`)."""
+        return self.result
+
+    def listen(self, callback: Any, interval_s: float = 1.0) -> None:
+        """A watch has no live view (its capture windows are recorded in full, its counted
+        steps only counted): listeners are not called."""
+
+    # ----- steps --------------------------------------------------------------------------
+    def step(self) -> None:
+        """End a step here (from the first call on, backward calls no longer end steps)."""
+        if self._purge_hook is not None:
+            self._purge()
+        if not self._explicit and not self._since_step:
+            # Right after a backward call ended a step: the code marks its own from now on.
+            self._explicit = True
+            return
+        self._explicit = True
+        self._end_step()
+
+    def capture(self, steps: int = WatchOptions.capture_steps) -> None:
+        """Capture the next `steps` steps in full, from the next step boundary."""
+        self._asked = max(self._asked, steps)
+
+    def _backward_ended(self) -> None:
+        self._since_step += 1
+        if not self._explicit:
+            self._end_step()
+
+    def _end_step(self) -> None:
+        counter = self._counter
+        if counter is None:
+            return
+        if self._frame is None:
+            self._find_frame(counter)
+        self._since_step = 0
+        window = self._window
+        counts = dataclasses.replace(counter.end_step(), step=self.result.steps_done + 1)
+        if window is not None:
+            counts = _captured(counts, self._recorder)
+        result = self.result
+        result.add_step(counts)
+        if window is not None:
+            window.last_step = counts.step
+            if counts.step - window.first_step + 1 >= window.planned_steps:
+                self._close_window(None, None, None)
+            return
+        self._maybe_open(counts.step)
+
+    def _find_frame(self, counter: StepCounter) -> None:
+        """The running frame of the watched code, once it runs (`home_code` given)."""
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None and frame.f_code is not self._home_code:
+            frame = frame.f_back
+        if frame is not None:
+            self._frame = counter.block_frame = frame
+
+    def _maybe_open(self, step: int) -> None:
+        """Open a window at this step boundary when asked, scheduled, or when graphs pile up."""
+        options, result = self.options, self.result
+        if self._asked:
+            steps, self._asked = self._asked, 0
+            self._open_window(steps, "asked for with capture()")
+            return
+        rise = growth_start(result.steps, options.escalate_after)
+        if rise is None:
+            self._escalated = False
+        if len(result.windows) >= options.max_windows:
+            return
+        if rise is not None and not self._escalated:
+            self._escalated = True
+            what, since = rise
+            self._open_window(options.capture_steps, f"{what} grew from step {since}")
+        elif options.every and (step + 1) % options.every == 0:
+            self._open_window(1, f"every {options.every} steps")
+
+    # ----- capture windows ----------------------------------------------------------------
+    def _open_window(self, steps: int, reason: str) -> None:
+        first = self.result.steps_done + 1
+        trace = Trace()
+        recorder = Recorder(
+            trace=trace,
+            home_code=self._home_code,
+            namespace=self._namespace,
+            ignore_names=self._ignore_names,
+            **self._track_options,
+        )
+        recorder.__enter__()
+        self._recorder = recorder
+        self._window = CaptureWindow(first, first - 1, steps, reason, trace)
+        self.result.windows.append(self._window)
+
+    def _close_window(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        recorder, self._recorder, self._window = self._recorder, None, None
+        if recorder is not None:
+            if self._namespace is None and self._frame is not None:
+                # Closed inside a backward call, the recorder would look for the user's names
+                # in torch's frame: it gets the watched block's own.
+                recorder.state.namespace = block_namespace(self._frame)
+            # The recorder records the error that ended its block; it never swallows it.
+            recorder.__exit__(kind, error, tb)
+            # Closed at a step end, inside the backward call its mode is dispatching: torch puts
+            # the (now pass-through) mode back when that call returns. It is taken out at the
+            # next moment no torch call is running (a top-level module call, `step()`, the end).
+            self._purge_soon()
+
+    def _purge_soon(self) -> None:
+        if self._purge_hook is None:
+            self._purge_hook = register_module_forward_pre_hook(self._purge)
+
+    def _purge(self, *args: Any) -> None:
+        stacks.purge_ended_modes(RecorderMode)
+        if not any(type(m) is RecorderMode for m in torch_api.function_mode_stack()):
+            self._stop_purging()
+
+    def _stop_purging(self) -> None:
+        hook, self._purge_hook = self._purge_hook, None
+        if hook is not None:
+            hook.remove()
+
+    def _post_mortem(self, error: BaseException) -> OutOfMemory:
+        """What autograd held when memory ran out: saved bytes by line and by module, live
+        backward roots, the last steps' counters."""
+        counter = self._counter
+        assert counter is not None
+        held = list(counter.held_now())
+        for window in self.result.windows:  # what the recorder packed in its windows
+            held += held_in(window.trace)
+        frame = self._frame
+        return OutOfMemory.of(
+            error=f"{type(error).__name__}: {error}",
+            held=held,
+            live_roots=counter.live_roots,
+            last_steps=tuple(self.result.steps[-5:]),
+            step=self.result.steps_done + 1,
+            holders=graph_holders(self._namespace)
+            if self._namespace is not None
+            else ()
+            if frame is None
+            else graph_holders(block_namespace(frame)),
+        )
+
+
+def _captured(counts: StepCounts, recorder: Recorder | None) -> StepCounts:
+    """A captured step's counts: the recorder's hooks were innermost, so its trace has the
+    saved bytes the counter did not see."""
+    if recorder is None:
+        return counts
+    snapshot = recorder.trace.snapshot()
+    return captured_counts(counts, snapshot.retained_bytes, snapshot.peak_retained_bytes)
+
+
+def block_namespace(frame: FrameType) -> dict[str, Any]:
+    """The names the watched block sees, read without changing the frame (see naming)."""
+    namespace = frame_namespace(frame)
+    return dict(frame.f_globals) if namespace is None else namespace
+
+
+def held_in(trace: Trace) -> list[HeldSaved]:
+    """The saved tensors a window's trace still holds, as the counter reports its own."""
+    return [
+        HeldSaved(b.nbytes, b.shape, b.dtype, b.saved_line, b.module or "", b.held_by)
+        for b in trace.buffers
+        if not b.freed
+    ]
+
+
+def graph_holders(namespace: dict[str, Any], limit: int = 20) -> tuple[str, ...]:
+    """Names in `namespace` holding a tensor with a graph, directly or in a list, tuple or
+    dict (`losses[...]`): who keeps graphs alive, read without touching any graph."""
+    import torch
+
+    def has_graph(value: Any) -> bool:
+        return isinstance(value, torch.Tensor) and value.grad_fn is not None
+
+    names = []
+    for name, value in list(namespace.items()):
+        if name.startswith("_"):
+            continue
+        if has_graph(value):
+            names.append(name)
+            continue
+        items = list(value.values()) if isinstance(value, dict) else value
+        if isinstance(items, (list, tuple)) and any(has_graph(v) for v in items[-64:]):
+            names.append(f"{name}[...]")
+        if len(names) >= limit:
+            break
+    return tuple(names)
+
+
+def _caller(frame: FrameType) -> FrameType:
+    """The frame of the code that entered the block (the first outside this package)."""
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
+        "autograd_magic"
+    ):
+        frame = frame.f_back
+    return frame

@@ -1,0 +1,228 @@
+"""Watch mode (issue 34): every step counted cheaply, some captured in full, escalation when
+graphs pile up, an out-of-memory post-mortem, and the promise kept in every mode."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import weakref
+
+import pytest
+import torch
+
+import autograd_magic as am
+from autograd_magic.views.text import render_watch_text
+from autograd_magic.watch_trace import WatchTrace
+
+
+def model_and_data():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    return model, torch.randn(4, 8), torch.randn(4, 1)
+
+
+def correct_loop(steps: int, **options):
+    model, x, y = model_and_data()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with am.watch(**options) as w:
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+    return w.result, model
+
+
+def leaking_loop(steps: int, **options):
+    model, x, y = model_and_data()
+    losses = []
+    with am.watch(**options) as w:
+        for _ in range(steps):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            losses.append(loss)  # keeps every step's graph
+    return w.result
+
+
+def test_a_correct_loop_is_counted_and_never_escalates():
+    """GIVEN a correct 30-step loop WHEN watched THEN 30 steps are counted, only the first is
+    captured, the counters stay flat and nothing is found."""
+    result, _ = correct_loop(30)
+    assert isinstance(result, WatchTrace)
+    assert [s.step for s in result.steps] == list(range(1, 31))
+    assert [s.captured for s in result.steps] == [True] + [False] * 29
+    assert len(result.windows) == 1 and result.windows[0].reason == "the first steps"
+    assert {s.live_roots for s in result.steps[1:]} == {1}
+    assert {s.retained_bytes for s in result.steps[1:]} == {0}
+    assert result.findings == []
+
+
+def test_a_loop_keeping_its_losses_escalates_within_a_few_steps_and_names_the_holder():
+    """GIVEN a loop that appends each loss (graph and all) to a list WHEN watched THEN live
+    backward roots rise every step, the watch captures the next steps in full, and the findings
+    of that window name `losses`."""
+    result = leaking_loop(20, first=0)
+    roots = [s.live_roots for s in result.steps]
+    assert roots[:5] == [1, 2, 3, 4, 5]
+    (window,) = result.windows
+    assert window.reason == "live backward roots grew from step 2"
+    assert window.first_step <= 10 and window.last_step == window.first_step + 2
+    assert any(f.holder == "losses" for f in result.findings), result.findings
+    text = render_watch_text(result.report())
+    assert "captured: live backward roots grew from step 2" in text
+
+
+def test_watching_changes_no_value_or_gradient():
+    """GIVEN the same training loop untracked and watched THEN weights are equal bit for bit."""
+    model, x, y = model_and_data()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(12):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    _, watched = correct_loop(12, first=2, every=5)
+    for a, b in zip(model.parameters(), watched.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_inplace_error_is_pytorchs_own_in_a_counted_step():
+    """GIVEN a saved tensor modified in place in a counted step THEN backward raises PyTorch's
+    own error, as untracked."""
+    x = torch.ones(3, requires_grad=True)
+
+    def step():
+        y = x.exp()
+        y.add_(1)
+        y.sum().backward()
+
+    with pytest.raises(RuntimeError) as untracked:
+        step()
+    with pytest.raises(RuntimeError) as watched, am.watch(first=0):
+        step()
+    assert str(watched.value) == str(untracked.value)
+
+
+def test_a_graph_is_freed_at_the_same_moment_in_a_counted_step():
+    """GIVEN gc disabled and a saved input WHEN its variable and then the loss are deleted in a
+    counted step THEN the tensor dies at the same moment as untracked (with the loss)."""
+
+    def moments(watched: bool) -> list[bool]:
+        x = torch.ones(3, requires_grad=True)
+        with am.watch(first=0) if watched else contextlib.nullcontext():
+            h = x * 2
+            loss = h.sin().sum()  # sin saves its input h
+            alive = weakref.ref(h)
+            del h
+            after_del_h = alive() is not None
+            del loss
+            return [after_del_h, alive() is not None]
+
+    gc.disable()
+    try:
+        assert moments(False) == [True, False]
+        assert moments(True) == [True, False]
+    finally:
+        gc.enable()
+
+
+def test_an_out_of_memory_error_gets_a_post_mortem_and_reaches_the_user_unchanged(tmp_path):
+    """GIVEN a loop keeping its losses that then asks the CPU allocator for far too much
+    WHEN watched with save= THEN the same RuntimeError reaches the code, and the saved report
+    says what autograd held: bytes, live roots, who holds them, the last steps."""
+    model, x, y = model_and_data()
+    losses = []
+    path = tmp_path / "watch.json"
+    with pytest.raises(RuntimeError) as raised, am.watch(first=0, save=path):
+        for _ in range(4):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward(retain_graph=True)
+            losses.append(loss)
+        torch.empty(2**62, dtype=torch.uint8)
+    assert "allocate" in str(raised.value)
+    loaded = WatchTrace.from_json(json.loads(path.read_text()) and _strip_run(path.read_text()))
+    oom = loaded.out_of_memory
+    assert oom is not None and oom.live_roots == 4 and oom.retained_bytes > 0
+    assert "losses[...]" in oom.holders
+    text = render_watch_text(loaded.report())
+    assert "Out of memory at step 5" in text and "`losses[...]`" in text
+
+
+def _strip_run(text: str) -> str:
+    document = json.loads(text)
+    document.pop("run", None)
+    return json.dumps(document)
+
+
+def test_a_watch_round_trips_through_json():
+    """GIVEN a watched leaking loop THEN its JSON loads back to the same steps, windows and text
+    report."""
+    result = leaking_loop(8, first=1)
+    loaded = WatchTrace.from_json(result.to_json())
+    assert loaded.steps == result.steps
+    assert render_watch_text(loaded.report()) == render_watch_text(result.report())
+
+
+def test_w_step_marks_steps_instead_of_backward_calls():
+    """GIVEN code that calls w.step() after every second backward THEN steps follow w.step()."""
+    x = torch.ones(3, requires_grad=True)
+    with am.watch(first=0) as w:
+        for _ in range(3):
+            (x * 2).sum().backward()
+            w.step()
+            (x * 3).sum().backward()
+            (x * 4).sum().backward()
+            w.step()
+    assert [s.backward_calls for s in w.result.steps] == [1, 2] * 3
+
+
+def test_a_watched_cell_shows_the_watch_report(shell):
+    """GIVEN `%%trackgraph --watch --text -o w` on a cell keeping its losses THEN the cell's
+    result is a WatchTrace, its text report says which steps were captured and why, and the
+    window's finding names `losses`."""
+    from IPython.utils.capture import capture_output
+
+    cell = (
+        "%%trackgraph --watch --text -o w\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "losses = []\n"
+        "for step in range(12):\n"
+        "    loss = model(torch.ones(2, 4)).sum()\n"
+        "    loss.backward()\n"
+        "    losses.append(loss)\n"
+    )
+    with capture_output() as captured:
+        shell.run_cell(cell)
+    w = shell.user_ns.pop("w")
+    assert isinstance(w, WatchTrace) and w.steps_done == 12
+    assert "Steps 5-7 captured: live backward roots grew from step 2." in captured.stdout
+    assert any(f.holder == "losses" and f.line == 6 for f in w.findings), w.findings
+    for name in ("model", "losses", "loss", "step"):
+        shell.user_ns.pop(name, None)
+
+
+def test_the_command_line_watches_a_script(tmp_path):
+    """GIVEN a script keeping its losses WHEN `python -m autograd_magic run --watch` runs it
+    THEN it exits 0, saves a watch file, and `report --text` prints the watch report."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "leak.py"
+    script.write_text(
+        "import torch\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "losses = []\n"
+        "for step in range(20):\n"
+        "    loss = model(torch.ones(2, 4)).sum()\n"
+        "    loss.backward()\n"
+        "    losses.append(loss)\n"
+    )
+    out = tmp_path / "leak.json"
+    run = [sys.executable, "-m", "autograd_magic", "run", "--watch", "-o", str(out), str(script)]
+    done = subprocess.run(run, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "Steps 5-7 captured: live backward roots grew from step 2." in done.stderr
+    report = [sys.executable, "-m", "autograd_magic", "report", str(out), "--text"]
+    printed = subprocess.run(report, capture_output=True, text=True, check=True).stdout
+    assert printed.startswith("autograd_magic watch (finished)")
+    assert "`losses` holds" in printed
