@@ -307,6 +307,15 @@ def test_a_version_3_files_worded_findings_load_and_render_as_stored():
     assert loaded.modules() == trace.modules()
 
 
+def test_a_version_3_file_saved_again_keeps_its_worded_findings():
+    """GIVEN a file of format 3 loaded WHEN saved again (format 4) and loaded THEN its findings
+    are still the sentences it stored, not findings found again in other words."""
+    stored = am.Finding("kept-alive", "`kept` holds 3 graphs (as worded then).", 3, ())
+    loaded = am.Trace.from_json(_older(_leaky(), 3, [stored]))
+    again = am.Trace.from_json(loaded.to_json())
+    assert again.findings == [stored]
+
+
 def test_a_version_3_file_without_findings_says_no_findings():
     loaded = am.Trace.from_json(_older(_leaky(), 3, []))
     assert loaded.findings == []

@@ -132,6 +132,9 @@ def trace_to_json(
     alive = fields["alive_at_end"]
     document["alive_at_end"] = None if alive is None else sorted(alive)
     document["facts"] = [dict(f) for f in facts]
+    stored = fields.get("stored_findings")
+    if stored is not None:  # read from a file of format 1-3: kept as worded then
+        document["stored_findings"] = [_plain(f) for f in stored]
     document["sources"] = {file: list(lines) for file, lines in (sources or {}).items()}
     return json.dumps(document)
 
@@ -178,6 +181,11 @@ def trace_fields(text: str) -> dict[str, Any]:
             if type(fact) is not dict:
                 raise ValueError(f"facts[{i}]: expected an object, got {type(fact).__name__}")
         fields["stored_facts"] = facts
+        if "stored_findings" in document:
+            values = check_list(document, "stored_findings", max_records)
+            fields["stored_findings"] = [
+                build_record(Finding, v, f"stored_findings[{i}]") for i, v in enumerate(values)
+            ]
         sources = check_value(document.get("sources"), dict[str, tuple[str, ...]], "sources")
         fields["sources"] = {file: list(lines) for file, lines in sources.items()}
     if version < 3:  # counted by PyTorch's leaf flag then: a leaf's bytes were not retained
