@@ -111,9 +111,12 @@ def show_cell_trace(
     own output, its static copy (what saved notebooks show anywhere); a watch's report; a
     rendering failure never hides the user's own error."""
     try:
-        if not isinstance(trace, Trace):  # a watch: its report, no panel
+        if not isinstance(trace, Trace):  # a watch: its report in place of the first steps' panel
             if args.text:
                 print(trace_bundle([("watch", trace)], None)["text/plain"])
+            elif panel is not None:
+                handle.update(trace)
+                panel.close()
             else:
                 display(trace)
         elif args.text:

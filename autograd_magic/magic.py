@@ -27,9 +27,11 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
+from autograd_magic import watching
 from autograd_magic.api import track
 from autograd_magic.display import BLOCK, register_formatters, show_cell_trace
 from autograd_magic.model.trace import Trace
+from autograd_magic.model.watch import WatchOptions
 from autograd_magic.recorder import Recorder, sites
 from autograd_magic.report.model import DEFAULT_MAX_NODES
 
@@ -37,6 +39,10 @@ from autograd_magic.report.model import DEFAULT_MAX_NODES
 sites.not_user_code(("IPython", "ipykernel", "traitlets", "tornado", "zmq", "jupyter_client"))
 
 DEFAULT_REFRESH_S = 1.0
+# A cell records its first steps (backward calls) in full, then counts the rest and records in
+# full the steps where graphs pile up: a short cell is recorded whole, a 1,000-step loop costs
+# little more than the hooks (see the README, "Leave it on").
+CELL_FULL_STEPS = 20
 
 
 @magics_class
@@ -57,8 +63,14 @@ class TrackGraphMagics(Magics):
     @argument(
         "--watch",
         action="store_true",
-        help="Count every step cheaply; record in full only the first step and the steps where "
-        "graphs pile up (for long loops).",
+        help="Record only the first step in full; count the others cheaply and record in full "
+        "the steps where graphs pile up (default: the first "
+        f"{CELL_FULL_STEPS} steps in full).",
+    )
+    @argument(
+        "--full",
+        action="store_true",
+        help="Record every step in full, however long the loop (slower on long loops).",
     )
     @argument(
         "--refresh",
@@ -169,16 +181,18 @@ def _start(shell: Any, args: Any, body: CodeType) -> tuple[Recorder, Any, Any]:
     its live panel (`views.panel.live_panel`, fed by the recorder while it records) already on
     screen, so it shows before the cell's first op; (recorder, None, None) otherwise."""
     options = {"home_code": body, "namespace": shell.user_ns, "ignore_names": _NOTEBOOK_NAMES}
-    if args.watch:
-        from autograd_magic.watching import Watch
-
-        return Watch(**options), None, None  # type: ignore[return-value]
-    recorder = track(**options)
+    recorder: Any
+    if args.full:
+        recorder = live = track(**options)
+    else:
+        first = 1 if args.watch else CELL_FULL_STEPS
+        recorder = watching.Watch(WatchOptions(first=first), **options)
+        live = recorder.first_recorder
     panel, handle = None, None
     if not (args.no_live or args.text) and _widget_frontend(shell):
         from autograd_magic.views.panel import live_panel  # ipywidgets only for a panel
 
-        panel = live_panel(recorder, args.refresh, args.max_nodes, BLOCK)
+        panel = live_panel(live, args.refresh, args.max_nodes, BLOCK)
         handle = display(panel, display_id=True)
     return recorder, panel, handle
 

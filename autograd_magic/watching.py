@@ -90,6 +90,8 @@ class Watch:
         self._asked = 0  # steps `capture()` asked for, taken at the next step boundary
         self._purge_hook: Any = None  # while a closed window's mode may still be stacked
         self._escalated = False  # the current rise was captured: not again until it stops
+        self._first: Recorder | None = None  # the first window's, made before the block
+        self._whole = False  # set at the end: the first window was open from start to end
 
     # ----- the block ----------------------------------------------------------------------
     def __enter__(self) -> Watch:
@@ -102,7 +104,7 @@ class Watch:
         self._counter = StepCounter(block_frame=frame, on_backward_end=self._backward_ended)
         self._counter.install()
         if self.options.first > 0:
-            self._open_window(self.options.first, "the first steps")
+            self._open_window(self.options.first, "the first steps", self.first_recorder)
         return self
 
     def __exit__(
@@ -112,6 +114,10 @@ class Watch:
         tb: TracebackType | None,
     ) -> None:
         __tracebackhide__ = True
+        windows = self.result.windows
+        self._whole = (
+            len(windows) == 1 and self._window is windows[0] and windows[0].first_step == 1
+        )
         try:
             if error is not None and is_out_of_memory(error) and self._counter is not None:
                 self.result.out_of_memory = self._post_mortem(error)
@@ -131,13 +137,19 @@ class Watch:
                 save_trace(self.result, self._save)  # type: ignore[arg-type]
 
     @property
-    def trace(self) -> WatchTrace:
-        """The `WatchTrace` being filled (as a recorder's `trace`)."""
+    def trace(self) -> Trace | WatchTrace:
+        """What the block leaves: the first window's `Trace` when that window recorded the whole
+        block (as `track()` would have), else the `WatchTrace`."""
+        if self._whole:
+            return self.result.windows[0].trace
         return self.result
 
     def listen(self, callback: Any, interval_s: float = 1.0) -> None:
-        """A watch has no live view (its capture windows are recorded in full, its counted
-        steps only counted): listeners are not called."""
+        """Have `callback(trace)` called while the first window records (a live panel of the
+        first steps); counted steps call no listener."""
+        first = self.first_recorder
+        if first is not None:
+            first.listen(callback, interval_s)
 
     # ----- steps --------------------------------------------------------------------------
     def step(self) -> None:
@@ -208,20 +220,37 @@ class Watch:
             self._open_window(1, f"every {options.every} steps")
 
     # ----- capture windows ----------------------------------------------------------------
-    def _open_window(self, steps: int, reason: str) -> None:
-        first = self.result.steps_done + 1
-        trace = Trace()
-        recorder = Recorder(
-            trace=trace,
+    @property
+    def first_recorder(self) -> Recorder | None:
+        """The recorder of the first window (the `first` steps), before the block enters it: a
+        live panel can listen to it. None when nothing is captured from the start or the
+        watched code is not known yet (`home_code` not given: known at `__enter__`)."""
+        if self._first is None and self.options.first > 0 and self._home_code is not None:
+            self._first = self._new_recorder()
+        return self._first
+
+    def _new_recorder(self) -> Recorder:
+        return Recorder(
+            trace=Trace(),
             home_code=self._home_code,
             namespace=self._namespace,
             ignore_names=self._ignore_names,
             **self._track_options,
         )
+
+    def _open_window(self, steps: int, reason: str, recorder: Recorder | None = None) -> None:
+        first = self.result.steps_done + 1
+        recorder = recorder or self._new_recorder()
         recorder.__enter__()
         self._recorder = recorder
-        self._window = CaptureWindow(first, first - 1, steps, reason, trace)
+        self._window = CaptureWindow(first, first - 1, steps, reason, recorder.trace)
         self.result.windows.append(self._window)
+
+    @property
+    def all_captured(self) -> bool:
+        """True when one window recorded the whole block, from its start to its end (no step
+        was only counted): its `Trace` is then the block's full record, as `track()` gives."""
+        return self._whole
 
     def _close_window(
         self,

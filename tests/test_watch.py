@@ -226,3 +226,47 @@ def test_the_command_line_watches_a_script(tmp_path):
     printed = subprocess.run(report, capture_output=True, text=True, check=True).stdout
     assert printed.startswith("autograd_magic watch (finished)")
     assert "`losses` holds" in printed
+
+
+LOOP_CELL = (
+    "%%trackgraph --text -o w\n"
+    "model = torch.nn.Linear(4, 1)\n"
+    "losses = []\n"
+    "for step in range({steps}):\n"
+    "    loss = model(torch.ones(2, 4)).sum()\n"
+    "    loss.backward()\n"
+    "    losses.append(loss)\n"
+)
+
+
+def test_a_short_cell_is_recorded_whole_by_default(shell):
+    """GIVEN a default `%%trackgraph` cell of 5 steps THEN it is recorded whole, as a Trace,
+    exactly as `track()` records it (a short cell never pays for or shows the watch)."""
+    from IPython.utils.capture import capture_output
+
+    with capture_output():
+        shell.run_cell(LOOP_CELL.format(steps=5))
+    trace = shell.user_ns.pop("w")
+    assert isinstance(trace, am.Trace) and len(trace.backward_calls) == 5
+    assert any(f.holder == "losses" for f in trace.findings)
+
+
+def test_a_long_cell_records_its_first_steps_and_counts_the_rest_by_default(shell):
+    """GIVEN a default `%%trackgraph` cell of 60 steps keeping its losses THEN the first 20
+    steps are recorded in full (their findings name `losses`), the other 40 are counted, and
+    the counted steps' roots grow step after step."""
+    from IPython.utils.capture import capture_output
+
+    from autograd_magic.magic import CELL_FULL_STEPS
+
+    with capture_output() as captured:
+        shell.run_cell(LOOP_CELL.format(steps=60))
+    watched = shell.user_ns.pop("w")
+    assert isinstance(watched, WatchTrace) and watched.steps_done == 60
+    assert [s.captured for s in watched.steps].count(True) >= CELL_FULL_STEPS == 20
+    assert watched.windows[0].steps_text == "steps 1-20"
+    assert any(f.holder == "losses" for f in watched.findings)
+    assert watched.steps[-1].live_roots == 60
+    assert "Steps 1-20 captured: the first steps." in captured.stdout
+    for name in ("model", "losses", "loss", "step"):
+        shell.user_ns.pop(name, None)
