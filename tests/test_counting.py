@@ -7,6 +7,7 @@ import gc
 import itertools
 import sys
 import threading
+import warnings
 
 import pytest
 import torch
@@ -140,6 +141,26 @@ def test_a_block_frame_set_after_install_is_read(gc_disabled):
         lines = sorted(h.line for h in counter.held_now())
         del before, after
     assert lines == [0, line_of("after")]
+
+
+def test_a_compiled_module_runs_as_untracked(gc_disabled):
+    """GIVEN a torch.compile'd module WHEN it trains counted THEN no warning about global module
+    hooks (untracked has none), the same gradients, and its top-level module is named."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    compiled = torch.compile(model, backend="eager")
+    x = torch.randn(3, 4)
+    compiled(x).sum().backward()
+    expected = model[0].weight.grad.clone()
+    model.zero_grad()
+    with warnings.catch_warnings(record=True) as seen, StepCounter() as counter:
+        warnings.simplefilter("always")
+        out = compiled(x).sum()
+        modules = {h.module for h in counter.held_now()}
+        out.backward()
+    assert [str(w.message) for w in seen] == []
+    assert torch.equal(expected, model[0].weight.grad)
+    assert "Sequential" in modules
 
 
 def test_a_second_threads_backward_is_not_counted(gc_disabled):
@@ -354,3 +375,23 @@ def test_a_patch_on_top_survives_removal_and_counting_resumes(gc_disabled):
     with StepCounter():  # an install and removal puts torch's own back
         pass
     assert torch.autograd.backward is original
+
+
+def test_a_full_recording_inside_a_counted_block_leaves_the_counter_working(gc_disabled):
+    """GIVEN a counter WHEN a `track()` block runs inside it (a captured window) and ends THEN
+    the counter counts on, and its removal leaves nothing installed."""
+    import autograd_magic as am
+
+    before = all_installed()
+    model, _, x, y = mlp()
+    with StepCounter() as counter:
+        with am.track():
+            F.mse_loss(model(x), y).backward()
+        counter.end_step()
+        loss = F.mse_loss(model(x), y)
+        assert {h.module for h in counter.held_now()} == {"Sequential", ""}
+        loss.backward()
+        counts = counter.end_step()
+    assert (counts.backward_calls, counts.live_roots, counts.retained_bytes) == (1, 1, 0)
+    assert counts.peak_bytes > 0
+    assert all_installed() == before

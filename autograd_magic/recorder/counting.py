@@ -23,11 +23,11 @@ from types import FrameType
 from typing import Any
 
 import torch
-from torch.nn.modules import module as nn_module
+from torch.utils.hooks import RemovableHandle
 
 from autograd_magic.model.records import BlindspotKind
 from autograd_magic.model.watch import HeldSaved, StepCounts
-from autograd_magic.recorder import install, native, stacks, torch_api
+from autograd_magic.recorder import install, module_calls, native, stacks, torch_api
 from autograd_magic.recorder.deferred import finalizer, hold, pending, raise_pending
 from autograd_magic.recorder.nodes import current_sequence_nr
 from autograd_magic.recorder.saved import PackedSaved, may_own_saved, storage_of
@@ -87,7 +87,6 @@ class StepCounter:
         self._thread = 0
         self._installed = False
         self._suspended = False
-        self._handles: list[Any] = []
         self._pack: Callable[[torch.Tensor], Any] | None = None
         # Distinct saved storages alive: storage key (a negative serial for storage-less
         # tensors) -> [uses, bytes, counted, shape, dtype, line, module, held_by].
@@ -194,10 +193,7 @@ class StepCounter:
                 self._suspended = True
                 install.suspended_until_enabled(self)
             _add_counter(self)
-            pre = nn_module.register_module_forward_pre_hook(self._module_entered)
-            self._handles.append(pre)
-            post = nn_module.register_module_forward_hook(self._module_left, always_call=True)
-            self._handles.append(post)
+            _join_module_hooks(self)
         except BaseException:
             self.remove()
             raise
@@ -208,8 +204,7 @@ class StepCounter:
         if not self._installed:
             return
         self._installed = False
-        while self._handles:
-            self._handles.pop().remove()
+        _leave_module_hooks(self)
         _remove_counter(self)
         install.remove_patches(self)
         pack, self._pack = self._pack, None
@@ -284,16 +279,19 @@ class StepCounter:
 
         return pack
 
-    # --- the global module hooks ------------------------------------------------------------
+    # --- the top-level module (from the shared global module hooks) -------------------------
 
-    def _module_entered(self, module: torch.nn.Module, args: Any) -> None:
+    def _module_entered(self, module: torch.nn.Module) -> None:
         if _get_ident() != self._thread:
             return
         self._module_depth += 1
         if self._module_depth == 1:
+            if type(module).__name__ == _WRAPPED:
+                # Its compiled code calls the inner module with no hook: name that one.
+                module = next(module.children(), module)
             self.module = type(module).__name__
 
-    def _module_left(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+    def _module_left(self) -> None:
         if _get_ident() != self._thread:
             return
         self._module_depth -= 1
@@ -433,3 +431,50 @@ def _remove_counter(counter: StepCounter) -> None:
         else:
             # Patched on top by someone else: theirs stays; ours under it only passes calls on.
             _buried.add(name)
+
+
+# --- the global module hooks (installed once, shared by every counter) ------------------------
+
+# Under the same keys in every block: torch.compile guards on the hook tables' keys (new keys
+# would recompile compiled modules at each install). The ids join the recorder's own
+# (`module_calls`), so torch's "is there any global module hook?" check, which compiled modules
+# warn on, counts neither.
+_PRE = RemovableHandle(torch_api.forward_pre_hooks)
+_POST = RemovableHandle(torch_api.forward_hooks, extra_dict=torch_api.forward_hooks_always_called)
+_module_counters: list[StepCounter] = []
+_WRAPPED = "OptimizedModule"  # torch.compile's wrapper: its only child is the module it wraps
+
+
+def _module_pre_hook(module: Any, args: Any) -> None:
+    # Traced by torch.compile, this is all it sees (Dynamo cannot trace `_get_ident`).
+    if _is_compiling():
+        return
+    for counter in _module_counters:
+        counter._module_entered(module)
+
+
+def _module_hook(module: Any, args: Any, output: Any) -> None:
+    if _is_compiling():
+        return
+    for counter in _module_counters:
+        counter._module_left()
+
+
+def _join_module_hooks(counter: StepCounter) -> None:
+    ids = (_PRE.id, _POST.id)
+    module_calls._OUR_HOOKS.update(ids)
+    torch_api.set_has_any_global_hook(module_calls._has_any_global_hook_but_ours)
+    if not any(c is counter for c in _module_counters):
+        _module_counters.append(counter)
+    torch_api.add_global_forward_hooks(_PRE.id, _module_pre_hook, _POST.id, _module_hook)
+
+
+def _leave_module_hooks(counter: StepCounter) -> None:
+    _module_counters[:] = [c for c in _module_counters if c is not counter]
+    if _module_counters:
+        return
+    _PRE.remove()
+    _POST.remove()
+    module_calls._OUR_HOOKS.difference_update((_PRE.id, _POST.id))
+    if not module_calls._OUR_HOOKS:  # the last one out puts torch's check back
+        torch_api.set_has_any_global_hook(None)
