@@ -259,6 +259,8 @@ class Watch:
         tb: TracebackType | None,
     ) -> None:
         recorder, self._recorder, self._window = self._recorder, None, None
+        if growth_start(self.result.steps, self.options.escalate_after) is not None:
+            self._escalated = True  # this window saw the rise: not captured again until it stops
         if recorder is not None:
             if self._namespace is None and self._frame is not None:
                 # Closed inside a backward call, the recorder would look for the user's names

@@ -142,15 +142,17 @@ class WatchRecord:
 
 def growth_start(steps: Sequence[StepCounts], after: int) -> tuple[str, int] | None:
     """What rose ('live backward roots' or 'retained saved tensors') at each of the last `after`
-    step ends, and the step of the first rise; None when neither did (a correct loop ends its
-    steps alike)."""
+    step ends, and the step where that unbroken rise began; None when neither did (a correct
+    loop ends its steps alike)."""
     if after < 1 or len(steps) <= after:
         return None
-    recent = steps[-after - 1 :]
     for what, read in (("live backward roots", _roots), ("retained saved tensors", _retained)):
-        values = [read(s) for s in recent]
+        values = [read(s) for s in steps[-after - 1 :]]
         if all(b > a for a, b in itertools.pairwise(values)):
-            return what, recent[1].step
+            first = len(steps) - after
+            while first > 1 and read(steps[first - 1]) > read(steps[first - 2]):
+                first -= 1
+            return what, steps[first].step
     return None
 
 
