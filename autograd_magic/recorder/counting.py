@@ -23,17 +23,15 @@ from types import FrameType
 from typing import Any
 
 import torch
-from torch.utils.hooks import RemovableHandle
 
 from autograd_magic.model.records import BlindspotKind
 from autograd_magic.model.watch import HeldSaved, StepCounts
-from autograd_magic.recorder import install, module_calls, native, stacks, torch_api
+from autograd_magic.recorder import counted_calls, install, native, stacks, torch_api
 from autograd_magic.recorder.deferred import finalizer, hold, pending, raise_pending
 from autograd_magic.recorder.nodes import current_sequence_nr
 from autograd_magic.recorder.saved import PackedSaved, may_own_saved, storage_of
 
 _get_ident = threading.get_ident
-_is_compiling = torch.compiler.is_compiling
 _node_sequence_nr = torch_api.node_sequence_nr
 _serials = itertools.count(1)
 # Take an object out of the cycle collector's view (compiled helper; None without it). What the
@@ -84,7 +82,7 @@ class StepCounter:
         self.on_backward_end = on_backward_end
         self._ref = weakref.ref(self)
         self._key = f"autograd_magic:root:{next(_serials)}"
-        self._thread = 0
+        self.thread = 0
         self._installed = False
         self._suspended = False
         self._pack: Callable[[torch.Tensor], Any] | None = None
@@ -98,7 +96,7 @@ class StepCounter:
         self._roots_tagged = 0
         self._step = 0
         self._calls = 0
-        self._depth = 0
+        self.depth = 0
         self.module = ""  # the top-level module running now ("" outside any)
         self._module_depth = 0
         # Written by finalizers only (any thread):
@@ -181,7 +179,7 @@ class StepCounter:
         module hooks. Anything half-installed when this raises is taken out again."""
         if self._installed:
             return
-        self._thread = _get_ident()
+        self.thread = _get_ident()
         self._installed = True
         try:
             stacks.remove_stranded_hooks()
@@ -192,8 +190,8 @@ class StepCounter:
             else:  # inside torch.func or disable_saved_tensors_hooks: wait for them to end
                 self._suspended = True
                 install.suspended_until_enabled(self)
-            _add_counter(self)
-            _join_module_hooks(self)
+            counted_calls.add_counter(self)
+            counted_calls.join_module_hooks(self)
         except BaseException:
             self.remove()
             raise
@@ -204,15 +202,15 @@ class StepCounter:
         if not self._installed:
             return
         self._installed = False
-        _leave_module_hooks(self)
-        _remove_counter(self)
+        counted_calls.leave_module_hooks(self)
+        counted_calls.remove_counter(self)
         install.remove_patches(self)
         pack, self._pack = self._pack, None
         if pack is not None and not self._suspended:
-            if _get_ident() == self._thread:
+            if _get_ident() == self.thread:
                 stacks.remove_hooks(pack)
             else:
-                stacks.strand(self._thread, pack)
+                stacks.strand(self.thread, pack)
         self._suspended = False
 
     def __enter__(self) -> StepCounter:
@@ -279,29 +277,27 @@ class StepCounter:
 
         return pack
 
-    # --- the top-level module (from the shared global module hooks) -------------------------
+    # --- counted_calls.Counter: what the shared entry points call ----------------------------
 
-    def _module_entered(self, module: torch.nn.Module) -> None:
-        if _get_ident() != self._thread:
+    def module_entered(self, module: torch.nn.Module) -> None:
+        if _get_ident() != self.thread:
             return
         self._module_depth += 1
         if self._module_depth == 1:
-            if type(module).__name__ == _WRAPPED:
+            if type(module).__name__ == counted_calls.WRAPPED:
                 # Its compiled code calls the inner module with no hook: name that one.
                 module = next(module.children(), module)
             self.module = type(module).__name__
 
-    def _module_left(self) -> None:
-        if _get_ident() != self._thread:
+    def module_left(self) -> None:
+        if _get_ident() != self.thread:
             return
         self._module_depth -= 1
         if self._module_depth <= 0:
             self._module_depth = 0
             self.module = ""
 
-    # --- backward calls (from the wrappers) -------------------------------------------------
-
-    def _backward_starts(self, roots: Any) -> None:
+    def backward_starts(self, roots: Any) -> None:
         """Count an outermost backward call and tag its roots' nodes (each node once)."""
         self._calls += 1
         if isinstance(roots, torch.Tensor):
@@ -334,7 +330,7 @@ class StepCounter:
 
     def suspend(self, kind: BlindspotKind, message: str) -> bool:
         """Take the hooks off where PyTorch allows none (torch.func, hooks disabled)."""
-        if not self._installed or _get_ident() != self._thread or self._suspended:
+        if not self._installed or _get_ident() != self.thread or self._suspended:
             return False
         if self._pack is not None:
             stacks.remove_hooks(self._pack)
@@ -353,128 +349,3 @@ def _unpack(packed: Any) -> torch.Tensor:
     if type(packed) is PackedSaved:
         return packed.checked_tensor()
     return packed
-
-
-# --- the backward wrappers (installed once, shared by every counter) ---------------------------
-
-_counters: list[weakref.ref[StepCounter]] = []
-_originals: dict[str, Callable[..., Any]] = {}
-# Names whose wrapper was left under another patch at removal: that patch still calls ours.
-_buried: set[str] = set()
-
-
-def _active() -> list[StepCounter]:
-    ident = _get_ident()
-    return [c for ref in _counters if (c := ref()) is not None and c._thread == ident]
-
-
-def _run(name: str, roots: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    original = _originals.get(name) or _DEFAULTS[name]
-    if _is_compiling():
-        return original(*args, **kwargs)
-    if pending:
-        raise_pending()
-    counters = _active()
-    outermost = [c for c in counters if c._depth == 0]
-    for counter in counters:
-        counter._depth += 1
-    try:
-        for counter in outermost:
-            counter._backward_starts(roots)
-        return original(*args, **kwargs)
-    finally:
-        for counter in counters:
-            counter._depth -= 1
-        for counter in outermost:
-            if counter.on_backward_end is not None:
-                counter.on_backward_end()
-
-
-def _backward(*args: Any, **kwargs: Any) -> Any:
-    return _run("backward", args[0] if args else kwargs.get("tensors"), args, kwargs)
-
-
-def _grad(*args: Any, **kwargs: Any) -> Any:
-    return _run("grad", args[0] if args else kwargs.get("outputs"), args, kwargs)
-
-
-_backward.__doc__ = torch.autograd.backward.__doc__
-_grad.__doc__ = torch.autograd.grad.__doc__
-_DEFAULTS: dict[str, Callable[..., Any]] = {
-    "backward": torch.autograd.backward,
-    "grad": torch.autograd.grad,
-}
-_OURS: dict[str, Callable[..., Any]] = {"backward": _backward, "grad": _grad}
-
-
-def _add_counter(counter: StepCounter) -> None:
-    _counters.append(counter._ref)
-    for name, ours in _OURS.items():
-        current = getattr(torch.autograd, name)
-        if current is ours:
-            continue
-        if name in _buried and current is not _originals.get(name):
-            continue  # ours sits under `current`, which calls it
-        _buried.discard(name)
-        _originals[name] = current
-        setattr(torch.autograd, name, ours)
-
-
-def _remove_counter(counter: StepCounter) -> None:
-    _counters[:] = [ref for ref in _counters if ref() is not None and ref() is not counter]
-    if _counters:
-        return
-    for name, ours in _OURS.items():
-        if getattr(torch.autograd, name) is ours:
-            setattr(torch.autograd, name, _originals.pop(name, _DEFAULTS[name]))
-            _buried.discard(name)
-        else:
-            # Patched on top by someone else: theirs stays; ours under it only passes calls on.
-            _buried.add(name)
-
-
-# --- the global module hooks (installed once, shared by every counter) ------------------------
-
-# Under the same keys in every block: torch.compile guards on the hook tables' keys (new keys
-# would recompile compiled modules at each install). The ids join the recorder's own
-# (`module_calls`), so torch's "is there any global module hook?" check, which compiled modules
-# warn on, counts neither.
-_PRE = RemovableHandle(torch_api.forward_pre_hooks)
-_POST = RemovableHandle(torch_api.forward_hooks, extra_dict=torch_api.forward_hooks_always_called)
-_module_counters: list[StepCounter] = []
-_WRAPPED = "OptimizedModule"  # torch.compile's wrapper: its only child is the module it wraps
-
-
-def _module_pre_hook(module: Any, args: Any) -> None:
-    # Traced by torch.compile, this is all it sees (Dynamo cannot trace `_get_ident`).
-    if _is_compiling():
-        return
-    for counter in _module_counters:
-        counter._module_entered(module)
-
-
-def _module_hook(module: Any, args: Any, output: Any) -> None:
-    if _is_compiling():
-        return
-    for counter in _module_counters:
-        counter._module_left()
-
-
-def _join_module_hooks(counter: StepCounter) -> None:
-    ids = (_PRE.id, _POST.id)
-    module_calls._OUR_HOOKS.update(ids)
-    torch_api.set_has_any_global_hook(module_calls._has_any_global_hook_but_ours)
-    if not any(c is counter for c in _module_counters):
-        _module_counters.append(counter)
-    torch_api.add_global_forward_hooks(_PRE.id, _module_pre_hook, _POST.id, _module_hook)
-
-
-def _leave_module_hooks(counter: StepCounter) -> None:
-    _module_counters[:] = [c for c in _module_counters if c is not counter]
-    if _module_counters:
-        return
-    _PRE.remove()
-    _POST.remove()
-    module_calls._OUR_HOOKS.difference_update((_PRE.id, _POST.id))
-    if not module_calls._OUR_HOOKS:  # the last one out puts torch's check back
-        torch_api.set_has_any_global_hook(None)
