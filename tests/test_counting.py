@@ -19,7 +19,7 @@ from test_differential import SCENARIOS
 from torch import nn
 
 from autograd_magic.model.watch import StepCounts
-from autograd_magic.recorder import torch_api
+from autograd_magic.recorder import nodes, torch_api
 from autograd_magic.recorder.counting import StepCounter
 
 line_of = marker_lines(__file__)
@@ -217,7 +217,9 @@ def test_without_torchs_sequence_counter_the_probe_gives_the_same_run(monkeypatc
     """GIVEN a torch without `_get_sequence_nr` (older releases) WHEN scenarios saving outputs
     and inputs run counted THEN the same results and freeing moments (no trap-1 cycle)."""
     monkeypatch.setattr(torch_api, "current_sequence_nr_peek", None)
+    monkeypatch.setattr(nodes, "_peek_sequence_nr", None)  # the probe node, as the recorder's
     for scenario in SCENARIOS[:8]:
+        run_untracked(scenario)  # warm-up
         plain = run_untracked(scenario)
         counted = run_counted(scenario)
         assert (counted.error, counted.log) == (plain.error, plain.log), scenario.__name__
@@ -263,16 +265,24 @@ def test_inplace_error_reads_as_pytorchs(gc_disabled):
     assert counted == plain and "modified by an inplace operation" in plain
 
 
-def test_a_dropped_graph_dies_at_once(gc_disabled):
-    """GIVEN saved outputs (exp) and a carried activation WHEN the graph is dropped unused THEN
-    its node and the activation die at the same moment as untracked (no cycle, no delay)."""
+@pytest.mark.parametrize("peek", ["torch's", "probe node"])
+def test_a_dropped_graph_dies_at_once(peek, monkeypatch, gc_disabled):
+    """GIVEN saved outputs (exp; norm saves its input, then its output) and a carried activation
+    WHEN the graph is dropped unused THEN its nodes and the activation die at the same moment as
+    untracked (no cycle, no delay), also where the sequence number comes from a probe node."""
+    if peek == "probe node":
+        monkeypatch.setattr(torch_api, "current_sequence_nr_peek", None)
+        monkeypatch.setattr(nodes, "_peek_sequence_nr", None)
 
     def run() -> list[str]:
         probe = Probe()
         x = torch.randn(5, requires_grad=True)
         a = probe.watch("activation", (x * 3).exp())
-        out = a.exp().sum()
+        norm = (a * 2).norm()
+        probe.watch_graph("norm", norm)
+        out = a.exp().sum() + norm
         probe.watch_graph("graph", out)
+        del norm
         del a
         probe.check("dropped name")
         del out

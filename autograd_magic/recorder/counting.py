@@ -227,7 +227,8 @@ class StepCounter:
         counter = self
         ref = self._ref
         live = self._live
-        peek = torch_api.current_sequence_nr_peek or current_sequence_nr
+        # The next node's sequence number on this thread: torch's own read, or a probe node's.
+        peek = torch_api.current_sequence_nr_peek or _probing_peek()
         sequence_nr = _node_sequence_nr
         negative = itertools.count(-1, -1)
         untrack = _untrack
@@ -342,6 +343,21 @@ class StepCounter:
         if self._suspended and self._installed and self._pack is not None:
             self._suspended = False
             stacks.push_hooks(self._pack, _unpack)
+
+
+def _probing_peek() -> Callable[[], int]:
+    """`peek` where torch has no `_get_sequence_nr`: each probe node takes a number, so a probe
+    right after our previous one (no node made between them) reports what that one did."""
+    last = [-2, 0]  # the previous probe's number, what it reported
+
+    def peek() -> int:
+        probe = current_sequence_nr()
+        if probe - 1 != last[0]:
+            last[1] = probe
+        last[0] = probe
+        return last[1]
+
+    return peek
 
 
 def _unpack(packed: Any) -> torch.Tensor:
