@@ -201,11 +201,10 @@ class AliasTracker:
         hits = silent if bypass and silent else failing
         sharers = self._live_sharers(uid)
         # Positional: a dataclass's __init__ takes keywords slower (one write per optimizer op).
+        seq = writer.next_seq()
         bump = VersionBump(
-            label, op, old, new, writer.next_seq(), site, uid, tuple(hits), (), bypass, source or 0
+            label, op, old, new, seq, site, uid, tuple(hits), (), bypass, source or 0, "", sharers
         )
-        if sharers:
-            bump.sharer_ids = sharers
         what = _INPLACE_WHAT.get(op)
         if what is None:
             what = _INPLACE_WHAT[op] = f"in-place {op}"
