@@ -33,6 +33,10 @@ NODES_CREATED = "nodes created"
 NODE_FREED = "node freed"
 
 
+def _unknown_site() -> Site:
+    return UNKNOWN_SITE
+
+
 class TraceWriter:
     """Writes one block's events into `trace`; `close()` ends the block for good."""
 
@@ -46,8 +50,9 @@ class TraceWriter:
         self.untrack: Callable[[object], object] | None = (
             None if native.NATIVE is None else native.NATIVE.untrack
         )
-        # Where an event happened when it carries no site (a node dying): `locate()`.
-        self.locate = locate
+        # Where an event happened when it carries no site (a node dying, a buffer released):
+        # the running backward call's line, else `locate()`, the line that let go.
+        self.locate = _unknown_site if locate is None else locate
         self.active_backward: BackwardCall | None = None
         # The innermost nn.Module being called (set by the module tracker), and per module path
         # its calls and class name.
@@ -137,7 +142,7 @@ class TraceWriter:
         if self.closed:
             return
         call = self.active_backward
-        site = self._release_site(call)
+        site = self.locate() if call is None else call.site
         trace = self.trace
         trace.live_nodes -= 1
         trace.seq = seq = trace.seq + 1
@@ -146,14 +151,6 @@ class TraceWriter:
             record.freed_seq = seq
             record.freed_site = site
         self.sample(NODE_FREED, site)
-
-    def _release_site(self, call: BackwardCall | None) -> Site:
-        """Where a death or release happened: the running backward call's line, else the line
-        that let go (a finalizer carries no site)."""
-        if call is not None:
-            return call.site
-        locate = self.locate
-        return UNKNOWN_SITE if locate is None else locate()
 
     # ----- saved buffers -------------------------------------------------------------------
     def buffer_packed(self) -> int:
@@ -210,7 +207,7 @@ class TraceWriter:
             return
         self.live_buffers -= 1
         call = self.active_backward
-        site = self._release_site(call)
+        site = self.locate() if call is None else call.site
         trace = self.trace
         counts = self._storage_counts
         count = counts.get(storage_key)
