@@ -83,7 +83,9 @@ def test_repeated_structure_is_merged_with_a_note_and_nothing_is_cut():
     assert len(view.boxes) <= 40
     assert sum(len(box.members) for box in view.boxes) == len(trace.nodes)
     assert view.note.startswith(f"{len(trace.nodes):,} nodes shown as {len(view.boxes)} boxes")
-    assert "repeated structure is merged" in view.note
+    # (in plain words, one sentence: issue 36, item 7)
+    assert "repeated nodes share a box marked xN (N nodes of one type, made on one" in view.note
+    assert view.note.count(":") == 1 and view.note.endswith(")."), view.note
     assert any(box.label.startswith("MulBackward0 x60") for box in view.boxes)
 
 

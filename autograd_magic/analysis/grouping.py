@@ -153,7 +153,7 @@ def _by_module(
         name = shown_as.removeprefix(strip)
         kind = trace.module_types.get(path, "")
         modules[("module", shown_as)] = ModuleBox(shown_as, name, kind, count)
-    parts = [f"for ops outside modules, {note}"] if note else []
+    parts = [f"outside modules, {note}"] if note else []
     if len(shown) < len(merged):
         parts.insert(0, f"repeated layers merged ({len(merged):,} modules in {len(shown):,} boxes)")
     return (lambda r: keys[r.id]), "; ".join(parts), modules
@@ -198,19 +198,22 @@ def collapse(
     shape = _structure(records, next_ids)
     levels: list[tuple[str, Key]] = [
         (
-            "repeated structure is merged (nodes of one type, made on one line, with the same "
-            f"{STRUCTURE_DEPTH} levels of graph beneath them, share a box)",
+            "repeated nodes share a box marked xN (N nodes of one type, made on one line, "
+            f"with the same graph for {STRUCTURE_DEPTH} levels beneath them)",
             lambda r: ("shape", r.born_site, shape[r.id]),
         ),
         (
-            "nodes of the same type created on the same line are merged into one box",
+            "nodes of one type made on one line share a box marked xN (N nodes)",
             lambda r: ("line-type", r.born_site, r.name),
         ),
-        ("all nodes created on one line are merged into one box", lambda r: ("line", r.born_site)),
+        (
+            "all nodes made on one line share a box marked xN (N nodes)",
+            lambda r: ("line", r.born_site),
+        ),
     ]
     for text, key in levels:
         if len({key(r) for r in records}) <= max_nodes:
-            return key, f"{text} (xN = nodes merged)"
+            return key, text
     sizes: dict[tuple, int] = {}
     for record in records:
         sizes[("line", record.born_site)] = sizes.get(("line", record.born_site), 0) + 1
@@ -222,7 +225,7 @@ def collapse(
         return key if key in kept else ("other",)
 
     note = (
-        "nodes are merged by the line that created them, and the "
+        "nodes made on one line share a box, and those of the "
         f"{other:,} lines with the fewest nodes share the 'other lines' box"
     )
     return by_line, note

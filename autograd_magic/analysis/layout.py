@@ -159,9 +159,9 @@ def _note(grouping: Grouping, nodes: int, boxes: int) -> str:
     else:
         merged = (
             f"one box per module at depth {grouping.depth} of {grouping.max_depth} (parameters "
-            "inside the box that uses them), other ops as themselves"
+            "inside the box that uses them)"
         )
-        merged += f"; {grouping.note}" if grouping.note else ""
+        merged += f"; {grouping.note}" if grouping.note else ", and one box per op outside them"
     return f"{nodes:,} nodes shown as {boxes:,} boxes: {merged}." if merged else ""
 
 
