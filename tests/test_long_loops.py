@@ -144,7 +144,7 @@ def test_live_timeline_is_a_fast_sparkline_with_its_scales_in_words(mlp_loop):
         "Live, drawn after 1,000 backward calls: autograd nodes alive (blue, top: 0 to 20 peak)"
         in note
     )
-    assert "0 B to 1.0 KiB peak) over 1,000 steps (backward calls) so far" in note
+    assert "0 B to 1.0 KiB peak), one step per backward call; where a pixel column" in note
     # AND the finished panel shows the full figure with no live note
     assert TracePanel(mlp_loop).timeline_note.value == ""
 

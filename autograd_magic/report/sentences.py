@@ -198,19 +198,15 @@ def live_timeline_note(analysis: Analysis) -> str:
     """What the live sparkline shows, with its scales: it has no axes of its own."""
     s = analysis.snapshot
     done = sum(1 for c in analysis.trace.backward_calls if c.end_seq is not None)
-    over = (
-        f"over {done:,} steps (backward calls) so far"
-        if done >= MIN_STEPS
-        else "over recorded events"
-    )
+    over = "one step per backward call" if done >= MIN_STEPS else "recorded events in order"
     # The picture is redrawn less often than the numbers above it: say when it was drawn.
     when = f"drawn after {done:,} backward call{'s' if done != 1 else ''}"
     return (
         f"Live, {when}: autograd nodes alive (blue, top: 0 to {s.peak_live_nodes:,} peak) and "
         "retained "
-        f"saved tensors (orange, bottom: 0 B to {format_bytes(s.peak_retained_bytes)} peak) "
-        f"{over}; shading spans the lowest to highest value in each pixel column. The timeline "
-        "with axes and line labels appears when the cell ends."
+        f"saved tensors (orange, bottom: 0 B to {format_bytes(s.peak_retained_bytes)} peak), "
+        f"{over}; where a pixel column covers several values, a darker band spans them. The "
+        "timeline with axes and line labels replaces it when the cell ends."
     )
 
 
