@@ -140,19 +140,32 @@ class WatchRecord:
     finished: bool = False
 
 
+# Step records a growth check reads back from a step end, at most: the rule costs the same at
+# step 100,000 of a long leak as at step 10.
+LOOKBACK = 200
+
+
 def growth_start(steps: Sequence[StepCounts], after: int) -> tuple[str, int] | None:
     """What rose ('live backward roots' or 'retained saved tensors') at each of the last `after`
-    step ends, and the step where that unbroken rise began; None when neither did (a correct
-    loop ends its steps alike)."""
+    step ends, past the most it reached before that rise, and the step where that unbroken rise
+    began; None when neither did (a correct loop ends its steps alike). A loop with several
+    backward calls per iteration (a GAN's, a meta-loss over tasks) may rise within each
+    iteration and fall at its end: such a rise that goes no higher than an earlier one is the
+    same iteration again, not growth."""
     if after < 1 or len(steps) <= after:
         return None
     for what, read in (("live backward roots", _roots), ("retained saved tensors", _retained)):
         values = [read(s) for s in steps[-after - 1 :]]
-        if all(b > a for a, b in itertools.pairwise(values)):
-            first = len(steps) - after
-            while first > 1 and read(steps[first - 1]) > read(steps[first - 2]):
-                first -= 1
-            return what, steps[first].step
+        if not all(b > a for a, b in itertools.pairwise(values)):
+            continue
+        first = len(steps) - after
+        stop = max(1, len(steps) - LOOKBACK)
+        while first > stop and read(steps[first - 1]) > read(steps[first - 2]):
+            first -= 1
+        before = steps[max(0, first - 1 - LOOKBACK) : first - 1]
+        if before and max(read(s) for s in before) >= values[-1]:
+            continue
+        return what, steps[first].step
     return None
 
 

@@ -20,11 +20,23 @@ if TYPE_CHECKING:
     from autograd_magic.recorder.writer import TraceWriter
 
 _TENSOR_BACKWARD = torch.Tensor.backward
+_AUTOGRAD_BACKWARD = torch.autograd.backward
+_GRAD = torch.autograd.grad
 BACKWARD_SIGNATURES = {
     torch.Tensor.backward: inspect.signature(torch.Tensor.backward),
-    torch.autograd.backward: inspect.signature(torch.autograd.backward),
-    torch.autograd.grad: inspect.signature(torch.autograd.grad),
+    _AUTOGRAD_BACKWARD: inspect.signature(_AUTOGRAD_BACKWARD),
+    _GRAD: inspect.signature(_GRAD),
 }
+
+
+def _signature(func: Any, kind: OpKind) -> inspect.Signature:
+    """The signature to bind a backward call's arguments by. Watch mode's counted steps patch
+    `torch.autograd.grad` / `backward` with `*args` wrappers, and torch passes the name it finds
+    in its module (the wrapper) to the mode: such a call binds as torch's own."""
+    found = BACKWARD_SIGNATURES.get(func)
+    if found is not None:
+        return found
+    return BACKWARD_SIGNATURES[_GRAD if kind is OpKind.GRAD else _AUTOGRAD_BACKWARD]
 
 
 class BackwardHost(Protocol):
@@ -58,7 +70,7 @@ def run_backward(host: BackwardHost, func: Any, kind: OpKind, args: tuple, kwarg
     if func is _TENSOR_BACKWARD and len(args) == 1 and not kwargs:
         arguments = {"self": args[0]}  # `loss.backward()`: what `bind` gives, without its cost
     else:
-        arguments = BACKWARD_SIGNATURES[func].bind(*args, **kwargs).arguments
+        arguments = _signature(func, kind).bind(*args, **kwargs).arguments
     create_graph = bool(arguments.get("create_graph", False))
     retain_graph = arguments.get("retain_graph")
     retain_graph = create_graph if retain_graph is None else bool(retain_graph)
