@@ -19,14 +19,18 @@ def _node_name(nodes: Mapping[int, NodeRecord], node_id: int | None) -> str:
 
 def _saved_by(nodes: Mapping[int, NodeRecord], node_id: int | None) -> str:
     """A readable label for a saved tensor no user variable names: `saved by addmm`, `saved by
-    the LSTM/GRU layer (mkldnnrnnlayer)` for a fused op whose name says little."""
+    the LSTM/GRU layer (mkldnnrnnlayer)` or `saved by layer norm` for a fused op whose name says
+    little."""
     node = None if node_id is None else nodes.get(node_id)
     if node is None:
         return "saved tensor"
     op = node.name.removesuffix("Backward0").removesuffix("Backward1").removesuffix("Backward")
     words = FUSED_OP_WORDS.get(node.name)
     if words is not None:
-        return f"saved by {words} ({op.lower()})"
+        # The kernel's name only where the words do not already say it: 'saved by layer norm',
+        # not '... (nativelayernorm)'; 'saved by the LSTM/GRU layer (mkldnnrnnlayer)'.
+        said = words.removeprefix("the ").replace(" ", "")
+        return f"saved by {words}" + ("" if said in op.lower() else f" ({op.lower()})")
     return f"saved by {op.lower() or node.name}"
 
 
