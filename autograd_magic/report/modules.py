@@ -84,10 +84,16 @@ def top_modules_text(analysis: Analysis) -> str:
     root's name (`<0>.h.1`), resolved when the block ends."""
     if not analysis.trace.finished:
         return ""
-    # A pattern adds up its modules (the table has a row each): say how many.
+    # A pattern adds up its modules (the table has a row each): say how many, once when every
+    # pattern adds up as many (4 layers: not '(4 modules together)' after each).
+    groups = _top_groups(analysis, 3)
+    counts = {n for _, _, n in groups}
+    if len(groups) > 1 and len(counts) == 1 and counts != {1}:
+        parts = ", ".join(f"{path} {share:.0%}" for path, share, _ in groups)
+        return f"{parts} (each pattern adds up its {counts.pop()} modules)"
     return ", ".join(
         f"{path} {share:.0%}" + (f" ({n} modules together)" if n > 1 else "")
-        for path, share, n in _top_groups(analysis, 3)
+        for path, share, n in groups
     )
 
 
