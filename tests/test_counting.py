@@ -405,3 +405,14 @@ def test_a_full_recording_inside_a_counted_block_leaves_the_counter_working(gc_d
     assert (counts.backward_calls, counts.live_roots, counts.retained_bytes) == (1, 1, 0)
     assert counts.peak_bytes > 0
     assert all_installed() == before
+
+
+def test_the_wrappers_bind_arguments_as_torchs_own():
+    """GIVEN the counter's wrappers in torch.autograd WHEN a tool binds a call's arguments by
+    the function's signature THEN it gets torch's parameter names."""
+    import inspect
+
+    with StepCounter():
+        bound = inspect.signature(torch.autograd.grad).bind(1, 2, retain_graph=True)
+        assert bound.arguments == {"outputs": 1, "inputs": 2, "retain_graph": True}
+        assert "grad_tensors" in inspect.signature(torch.autograd.backward).parameters

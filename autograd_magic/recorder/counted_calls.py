@@ -10,6 +10,7 @@ original call and nothing else.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import weakref
 from collections.abc import Callable
@@ -82,8 +83,11 @@ def _grad(*args: Any, **kwargs: Any) -> Any:
     return _run("grad", args[0] if args else kwargs.get("outputs"), args, kwargs)
 
 
+# Read as torch's own (help(), `inspect.signature(...).bind` by tools that meet the wrapper).
 _backward.__doc__ = torch.autograd.backward.__doc__
 _grad.__doc__ = torch.autograd.grad.__doc__
+_backward.__signature__ = inspect.signature(torch.autograd.backward)  # type: ignore[attr-defined]
+_grad.__signature__ = inspect.signature(torch.autograd.grad)  # type: ignore[attr-defined]
 _DEFAULTS: dict[str, Callable[..., Any]] = {
     "backward": torch.autograd.backward,
     "grad": torch.autograd.grad,
