@@ -47,6 +47,9 @@ def installed() -> tuple:
         tuple(nn_module._global_forward_hooks),
         getattr(nn_module, "_has_any_global_hook", None),  # torch >= 2.5
         sys.unraisablehook,
+        # Watch mode's counted steps wrap these two (recorder.counted_calls).
+        torch.autograd.backward,
+        torch.autograd.grad,
         # The watcher for Dynamo's import (recorder.dynamo); finders other libraries add when
         # first imported (setuptools' VendorImporter, under older setuptools) are not ours.
         tuple(f for f in sys.meta_path if type(f).__module__.startswith("autograd_magic")),
