@@ -119,7 +119,9 @@ def table_html(table: Table) -> str:
         # A wide table scrolls sideways in its own box rather than being cut by the panel.
         f'<div style="overflow-x:auto"><table style="border-collapse:collapse;margin:4px 0">'
         f"<tr>{head}</tr>{''.join(body)}</table></div>{note}",
-        "margin:6px 0",
+        # As wide as the panel, never as wide as the table: inside a widget (a flex item that
+        # grows to its content) the note would run on past the panel's edge, off screen.
+        "margin:6px 0;width:0;min-width:100%",
     )
 
 

@@ -6,7 +6,8 @@ JupyterLab through Chromium as test_lab.py drives it.
 - The timeline of a cell that raises right after a graph is freed and a backward runs has its
   labels ("freed L3", "backward L5", "error L5") apart and inside the picture (issue 36, item 5);
   the panel shows the very picture whose layout the notebook's last cell prints.
-- The Graph tab's caption reads as plain words (issue 36, item 7).
+- The Graph tab's caption reads as plain words (issue 36, item 7), and a table's note wraps
+  inside the panel while a wide table scrolls in its own box.
 
 Screenshots go to AUTOGRAD_MAGIC_SCREENSHOT_DIR when set (running.png, raised.png, caption.png).
 """
@@ -167,3 +168,16 @@ def test_the_live_note_agrees_with_the_numbers_and_the_raised_timeline_labels_st
             assert slip not in words, (slip, words)
         assert not re.search(r"\b\w+Backward\d\b", words), words
         print(f"graph caption: {words}")
+        # WHEN its Buffers tab, whose saved-tensor table is wider than the panel, is opened
+        running.locator(".lm-TabBar-tab", has_text=re.compile(r"^Buffers\b")).click()
+        note = running.locator("div", has_text=re.compile(r"^Sizes add tensor by tensor")).last
+        note.wait_for(timeout=30_000)
+        # THEN the table scrolls in its own box and the note under a table wraps inside the
+        # panel (it ran on past the panel's edge, cut off: the transformer's screenshots)
+        widths = running.evaluate(
+            "root => Array.from(root.querySelectorAll('table'))"
+            ".map(t => [t.parentElement.scrollWidth, t.parentElement.clientWidth])"
+        )
+        assert any(wide > shown for wide, shown in widths), widths
+        edge, panel = note.bounding_box(), running.bounding_box()
+        assert edge["x"] + edge["width"] <= panel["x"] + panel["width"], (edge, panel)
