@@ -230,12 +230,13 @@ def test_a_clean_cell_says_no_findings_and_nothing_about_an_empty_end_state():
     # THEN the findings section reads "No findings." and says nothing about 0 live nodes
     texts = [s.text for s in sentences(trace)]
     assert texts == ["No findings."]
-    # AND a cell that ends holding a graph still says how much
+    # AND a cell that ends holding a graph still says how much, and what holds it (with no
+    # finding above, the reader would otherwise ask why it is alive)
     with autograd_magic.track() as trace:
         kept = (w * 2).exp().sum()  # exp's result: only the graph holds it
     assert sentences(trace)[-1].text == (
         "When the block ended, 4 autograd nodes were still alive, holding 12 B of saved tensors "
-        "(peak 12 B)."
+        "(peak 12 B), kept by `kept`."
     )
     del kept
 

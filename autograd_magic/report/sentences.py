@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 
 from autograd_magic.analysis.layout import Box
 from autograd_magic.analysis.result import Analysis
-from autograd_magic.model.records import BackwardCall, Finding
+from autograd_magic.model.records import BackwardCall, Finding, Holder
 from autograd_magic.model.units import format_bytes, where
 from autograd_magic.report.model import Sentence
 from autograd_magic.report.modules import top_modules_text
@@ -81,12 +81,26 @@ def sentences(analysis: Analysis, block: str) -> list[Sentence]:
                 f"When the {block} ended, {s.live_nodes:,} autograd nodes were still "
                 "alive, holding "
                 f"{format_bytes(s.retained_bytes)} of saved tensors "
-                f"(peak {format_bytes(s.peak_retained_bytes)}).",
+                f"(peak {format_bytes(s.peak_retained_bytes)}){_kept_by(trace.holders)}.",
                 None,
                 "note",
             )
         )
     return out
+
+
+def _kept_by(holders: Iterable[Holder]) -> str:
+    """', kept by `logits` and `loss`': the variables holding the graphs still alive at the end
+    (a clean cell's "No findings." otherwise leaves the reader asking why they are alive)."""
+    names = list(dict.fromkeys(re.split(r"[\[.]", h.path, maxsplit=1)[0] for h in holders))
+    if not names:
+        return ""
+    shown = [f"`{name}`" for name in names[:3]]
+    if len(names) > 3:
+        shown[-1] = f"{len(names) - 2:,} more"
+    return ", kept by " + (
+        shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} and {shown[-1]}"
+    )
 
 
 def _with_lines(text: str, finding: Finding) -> str:
