@@ -16,7 +16,11 @@ import traceback
 import types
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autograd_magic.model.trace import Trace
+    from autograd_magic.watch_trace import WatchTrace
 
 USAGE_ERROR = 2
 
@@ -109,7 +113,8 @@ def run_script(args: Any) -> int:
     sys.argv = [args.script, *args.args]
     sys.path[0] = os.path.dirname(os.path.realpath(filename))
     sys.modules["__main__"] = module
-    status, trace = 0, None
+    status = 0
+    trace: Trace | WatchTrace | None = None
     try:
         if args.watch:
             with watch(save=output, home_code=code, namespace=module.__dict__) as watcher:

@@ -79,7 +79,9 @@ class Trace(model.Trace):
         if fields.get("stored_facts") is not None:
             facts_from_json_list(fields["stored_facts"])  # a bad fact fails here, not later
         _remember_sources(fields.get("sources", {}))
-        return cls.from_records(**fields)
+        trace = cls.from_records(**fields)
+        assert isinstance(trace, cls)  # from_records builds the class it is called on
+        return trace
 
 
 def _cited_sources(facts: list[dict[str, Any]]) -> dict[str, list[str]]:

@@ -133,8 +133,8 @@ def _out_of_memory(data: dict[str, Any]) -> OutOfMemory:
         retained_bytes=data["retained_bytes"],
         saved_tensors=data["saved_tensors"],
         live_roots=data["live_roots"],
-        by_line=tuple(tuple(p) for p in data["by_line"]),  # type: ignore[misc]
-        by_module=tuple(tuple(p) for p in data["by_module"]),  # type: ignore[misc]
+        by_line=tuple((int(line), int(n)) for line, n in data["by_line"]),
+        by_module=tuple((str(module), int(n)) for module, n in data["by_module"]),
         last_steps=tuple(StepCounts(**s) for s in data["last_steps"]),
         holders=tuple(data["holders"]),
     )

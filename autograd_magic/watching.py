@@ -130,11 +130,11 @@ class Watch:
             self._stop_purging()
             if self._counter is not None:
                 self._counter.remove()
-            self.result.finish(None if error is None else f"{kind.__name__}: {error}")
+            self.result.finish(None if error is None else f"{type(error).__name__}: {error}")
             if self._save is not None:
                 from autograd_magic.saving import save_trace
 
-                save_trace(self.result, self._save)  # type: ignore[arg-type]
+                save_trace(self.result, self._save)
 
     @property
     def trace(self) -> Trace | WatchTrace:

@@ -65,7 +65,8 @@ class BlindSpots:
             return False
         self.note(kind, state.sites.here(), message)
         state.suspended = "hooks" if kind == "hooks-disabled" else "all"
-        stacks.remove_hooks(state.pack)
+        if state.pack is not None:
+            stacks.remove_hooks(state.pack)
         if state.suspended == "all":
             stacks.remove_mode(state.mode)
         return True
@@ -76,7 +77,8 @@ class BlindSpots:
         suspended, state.suspended = state.suspended, None
         if state.mode is None or suspended is None:
             return
-        stacks.push_hooks(state.pack, state.unpack)
+        if state.pack is not None and state.unpack is not None:
+            stacks.push_hooks(state.pack, state.unpack)
         if suspended == "all":
             stacks.push_mode_innermost(state.mode)
 

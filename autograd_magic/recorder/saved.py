@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -19,9 +19,6 @@ from autograd_magic.model.records import HeldBy
 from autograd_magic.recorder import torch_api
 from autograd_magic.recorder.deferred import finalizer, hold
 from autograd_magic.recorder.inplace_text import DETACHED_MESSAGE, WORDING
-
-if TYPE_CHECKING:
-    from autograd_magic.recorder.writer import TraceWriter
 
 
 class TensorSlots:
@@ -105,7 +102,7 @@ class PackedSaved:
         self,
         tensor: torch.Tensor,
         grad_fn: Any,
-        writer_ref: weakref.ref[TraceWriter],
+        writer_ref: weakref.ref[Any],  # to what has buffer_released(): a writer, a counter
         buffer_id: int,
         keep_original: bool = False,
     ) -> None:
