@@ -43,11 +43,15 @@ def register_formatters(shell: Any) -> None:
 
 def watch_bundle(watch: WatchTrace) -> dict[str, Any]:
     """A watched block's report: static HTML (steps, each capture window's full report) and
-    text."""
+    text; outside a Jupyter kernel the text alone, as for a `Trace` (a terminal shows no HTML,
+    and its pictures cost more than a long cell's counted steps)."""
+    report = watch.report(block=BLOCK)
+    text = render_watch_text(report)
+    if not _in_kernel(_shell()):
+        return {"text/plain": text}
     from autograd_magic.views.html import watch_page
 
-    report = watch.report(block=BLOCK)
-    return {"text/html": watch_page(report), "text/plain": render_watch_text(report)}
+    return {"text/html": watch_page(report), "text/plain": text}
 
 
 def _in_kernel(shell: Any) -> bool:

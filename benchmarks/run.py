@@ -1,4 +1,4 @@
-"""The suite's entry point: runs workloads 1-16, prints the table and rewrites BENCHMARKS.md.
+"""The suite's entry point: runs workloads 1-19, prints the table and rewrites BENCHMARKS.md.
 
 `python -m benchmarks [--quick] [--output PATH] [--only KEYS]`; `python benchmarks/run.py` works
 too. Hand-written analysis below the marker line of an existing BENCHMARKS.md is kept.
@@ -22,6 +22,8 @@ import torch
 from benchmarks import (
     accuracy,
     block_exit,
+    long_cell,
+    long_watch,
     overhead,
     panel_cost,
     per_event,
@@ -95,6 +97,12 @@ QUICK = Plan(
     script_rounds=1,
     quick=True,
 )
+
+
+# Issue 34: (steps, chunk) of row 18's watched loop and (steps, rounds) of row 19's cell, by
+# plan.quick (the quick suite runs in CI: a few seconds each).
+LONG_WATCH = {False: (100_000, 1_000), True: (2_000, 200)}
+LONG_CELL = {False: (1_000, 5), True: (40, 1)}
 
 
 def _overhead(build: Callable[[bool], workloads.Workload], plan: Plan) -> Row:
@@ -185,6 +193,8 @@ def jobs(plan: Plan) -> list[tuple[str, Callable[[], list[Row]]]]:
         ("5 8 13 14 15", lambda: _cuda_rows(plan)),
         ("12", lambda: [script_loop.measure(plan.script_steps, plan.script_rounds)]),
         ("16", lambda: [per_event.measure(plan.quick)]),
+        ("18", lambda: [long_watch.measure(*LONG_WATCH[plan.quick])]),
+        ("19", lambda: [long_cell.measure(*LONG_CELL[plan.quick], quick=plan.quick)]),
         ("6 6b", lambda: scale.measure(plan.million_ops, 2 if plan.quick else 21)),
         (
             "7",

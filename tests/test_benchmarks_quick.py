@@ -35,6 +35,8 @@ ROW_KEYS = (
     "14",
     "15",
     "16",
+    "18",
+    "19",
 )
 # The ratio rows that run without a GPU: each gets what the mechanism leaves of its target.
 FLOOR_KEYS = ("1", "2", "3", "4", "9", "10", "10b", "11", "12")

@@ -1,0 +1,70 @@
+"""A long watched loop (issue 34): the step records stay within their cap, the memory the watch
+holds stops growing once it is reached, and a step costs the same late in the loop as early.
+The full 100,000-step run is benchmark row 18 (`benchmarks/long_watch.py`)."""
+
+from __future__ import annotations
+
+import gc
+import time
+import tracemalloc
+
+import autograd_magic
+from autograd_magic import watch_trace
+from benchmarks.long_watch import records_bytes, tiny_step
+
+
+def test_the_memory_a_watch_holds_is_flat_past_its_step_cap(monkeypatch):
+    """GIVEN the step-record cap at 500 WHEN 3,000 tiny steps are watched THEN at most 500
+    records are kept, the first step's window and the ends included, and what tracemalloc counts
+    as held grows by less than a quarter of what 1,500 more records would take."""
+    monkeypatch.setattr(watch_trace, "MAX_STEPS", 500)
+    step = tiny_step()
+    held = {}
+    gc.collect()
+    tracemalloc.start()
+    try:
+        with autograd_magic.watch() as w:
+            for i in range(1, 3001):
+                step()
+                if i in (1500, 3000):
+                    gc.collect()
+                    held[i] = tracemalloc.get_traced_memory()[0]
+                    if i == 1500:
+                        per_record = records_bytes(w.result) / len(w.result.steps)
+    finally:
+        tracemalloc.stop()
+    result = w.result
+    assert result.steps_done == 3000
+    assert len(result.steps) <= 500
+    assert result.steps[0].step == 1 and result.steps[0].captured
+    assert result.steps[-1].step == 3000
+    assert result.thinned == 3000 - len(result.steps)
+    assert held[3000] - held[1500] < 1500 * per_record / 4, (held, per_record)
+
+
+def test_a_step_costs_the_same_at_step_20000_as_at_step_1000():
+    """GIVEN 20,000 tiny steps in one watched block (the real caps: records thinned past 10,000)
+    THEN the fastest of five 1,000-step chunks late in the loop is within 1.3x of the fastest
+    early on (the fastest: a shared machine's noise only adds), and the records stay capped."""
+    step = tiny_step()
+    times = []
+    with autograd_magic.watch() as w:
+        for _ in range(20):
+            start = time.thread_time()
+            for _ in range(1000):
+                step()
+            times.append(time.thread_time() - start)
+    assert len(w.result.steps) <= watch_trace.MAX_STEPS
+    early, late = min(times[1:6]), min(times[-5:])
+    assert late <= 1.3 * early, [round(t * 1e3) for t in times]
+
+
+def test_step_records_are_counted_in_bytes():
+    """GIVEN a few watched steps THEN their records' bytes grow with them."""
+    step = tiny_step()
+    with autograd_magic.watch() as w:
+        step()
+        one = records_bytes(w.result)
+        for _ in range(3):
+            step()
+    assert records_bytes(w.result) > one > 0
