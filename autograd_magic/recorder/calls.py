@@ -1,14 +1,13 @@
-"""The per-call path: what the block's function mode hands each of the user's torch calls to.
+"""The per-call path: what the block's function mode runs for each of the user's torch calls.
 
-Every entry point runs its call inside one frame (`run`): the buffers unowned when the call
-began, the in-call mark that lets the call's saved buffers and node share one stack walk, and the
-live listener between two calls. Kept short: it runs once per torch call, and the mode hands the
-common op and the common write straight to `run` with their body (`plain`, `inplace`).
+One body per kind of call (`general`, and the shortened `plain`, `inplace`, `subclass`), each run
+by `mode.RecorderMode` inside the one frame every recorded call shares (the buffers unowned when
+the call began, the in-call mark that lets the call's saved buffers and node share one stack
+walk, the live listener between two calls). Kept short: it runs once per torch call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -17,7 +16,7 @@ from autograd_magic.model.records import Site
 from autograd_magic.recorder import torch_api
 from autograd_magic.recorder.backward import run_backward
 from autograd_magic.recorder.caller import CallerStandIns, StandIn
-from autograd_magic.recorder.mode import KINDS, kind_of
+from autograd_magic.recorder.mode import KINDS
 from autograd_magic.recorder.nodes import grad_fn_of
 from autograd_magic.recorder.ops import OpKind
 
@@ -32,8 +31,6 @@ _NoSubclassDispatch = torch_api.DisableTorchFunctionSubclass
 _NOT_LINKED = frozenset({OpKind.PLAIN, OpKind.INPLACE, OpKind.BACKWARD, OpKind.GRAD})
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
-# What runs one call inside the frame: (func, args, kwargs, call, mark) -> the call's result.
-Body = Callable[[Any, tuple, Any, StandIn, int], Any]
 
 
 class OpRecording:
@@ -56,46 +53,10 @@ class OpRecording:
         self.listening = listening
         self.stand_ins = stand_ins
 
-    def run(self, body: Body, func: Any, args: tuple, kwargs: Any, call: StandIn) -> Any:
-        """Run `body` as the user's call: every entry point's frame, written once."""
-        __tracebackhide__ = True
-        state = self.state
-        mark = len(state.unowned)
-        state.in_call = True
-        try:
-            out = body(func, args, kwargs, call, mark)
-        finally:
-            state.in_call = False
-            state.call_site = None
-        if self.listening.listener is not None:
-            self.notify_listener()
-        return out
-
-    # ----- entry points --------------------------------------------------------------------
-    def general(self, func: Any, args: tuple, kwargs: dict, call: StandIn) -> Any:
-        """Any call (the fast paths below are this one, shortened for their kind)."""
-        __tracebackhide__ = True
-        if func not in KINDS:
-            kind_of(func)  # classified the first time it is seen, whichever path sees it
-        if self.state.busy:
-            return func(*args, **kwargs)
-        return self.run(self._general, func, args, kwargs, call)
-
-    def subclass(self, func: Any, args: tuple, kwargs: dict, call: StandIn) -> Any:
-        """A call on a tensor subclass with its own `__torch_function__`: the subclass sees the
-        call itself, never the recorder's bookkeeping (run with subclass dispatch off)."""
-        __tracebackhide__ = True
-        entry = KINDS.get(func)
-        if entry is None:
-            entry = kind_of(func)
-        if entry[0] is not OpKind.PLAIN or self.state.busy or "out" in kwargs:
-            # Writes and backward interleave their bookkeeping with the call: recorded as usual
-            # (the subclass may see the recorder's reads there).
-            return self.general(func, args, kwargs, call)
-        return self.run(self._subclass, func, args, kwargs, call)
-
-    # ----- bodies, run inside the frame (the mode runs the first two itself) ---------------
-    def _general(self, func: Any, args: tuple, kwargs: dict, call: StandIn, mark: int) -> Any:
+    # ----- bodies: (func, args, kwargs, call, mark) -> the call's result ------------------
+    def general(self, func: Any, args: tuple, kwargs: dict, call: StandIn, mark: int) -> Any:
+        """Any call of a function already classified (the bodies below are this one, shortened
+        for their kind); `mark`: how many buffers were unowned when the call began."""
         __tracebackhide__ = True
         kind, name = KINDS[func]
         if kind is OpKind.PLAIN and "out" not in kwargs:
@@ -144,7 +105,9 @@ class OpRecording:
                 self.nodes.register_outputs(out, mark)
         return out
 
-    def _subclass(self, func: Any, args: tuple, kwargs: dict, call: StandIn, mark: int) -> Any:
+    def subclass(self, func: Any, args: tuple, kwargs: dict, call: StandIn, mark: int) -> Any:
+        """A plain op on a tensor subclass with its own `__torch_function__`: the subclass sees
+        the call itself, never the recorder's bookkeeping (run with subclass dispatch off)."""
         __tracebackhide__ = True
         out = call(func, args, kwargs)
         with _NoSubclassDispatch():

@@ -2,7 +2,8 @@
 
 It runs once per torch call, so it is kept short: compiled code gets a plain call (Dynamo traces
 this method), an interrupt held by a finalizer is raised here first (`deferred`), grad-off
-builtins skip the bookkeeping, and the common op takes the `calls.OpRecording.plain` path.
+builtins skip the bookkeeping, the common op takes the shortened `calls.OpRecording.plain`
+body, and every recorded call runs its body inside the one frame written here.
 """
 
 from __future__ import annotations
@@ -67,6 +68,10 @@ class RecorderMode(install.BlockMode):
         # The block's `calls.OpRecording` (typed Any: that module imports this one). None once
         # its block has ended: a mode torch puts back later only passes calls on.
         self.recorder: Any = recorder
+        # Its bodies as plain functions, called with it: no bound method made per call.
+        parts = type(recorder)
+        self._plain, self._inplace = parts.plain, parts.inplace
+        self._general, self._subclass = parts.general, parts.subclass
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if _is_compiling():
@@ -101,9 +106,14 @@ class RecorderMode(install.BlockMode):
                 call = recorder.stand_ins.for_frame(_frame(1))
             else:
                 call = plain_call
+            no_out = not (kwargs and "out" in kwargs)
             if types and not _plain_types(types):
-                return recorder.subclass(func, args, kwargs or {}, call)
-            if func in PLAIN and not (kwargs and "out" in kwargs):
+                # The subclass sees a plain op itself; writes and backward interleave their
+                # bookkeeping with the call: recorded as usual (the subclass may see our reads).
+                plain = (KINDS.get(func) or kind_of(func))[0] is OpKind.PLAIN and no_out
+                body = self._subclass if plain else self._general
+                kwargs = kwargs or {}
+            elif func in PLAIN and no_out:
                 if builtin and not _grad_enabled():
                     # Grad off (an optimizer step, evaluation): a builtin makes no node, saves
                     # nothing and writes nothing, so there is nothing to record.
@@ -111,11 +121,30 @@ class RecorderMode(install.BlockMode):
                     if recorder.listening.listener is not None:
                         recorder.notify_listener()
                     return out
-                if not recorder.state.busy:
-                    return recorder.run(recorder.plain, func, args, kwargs, call)
-            elif func in INPLACE and not (kwargs and "out" in kwargs) and not recorder.state.busy:
-                return recorder.run(recorder.inplace, func, args, kwargs or {}, call)
-            return recorder.general(func, args, kwargs or {}, call)
+                body = self._plain  # the common op, kept short
+            elif func in INPLACE and no_out:
+                body = self._inplace  # a write on plain tensors (an optimizer's)
+                kwargs = kwargs or {}
+            else:
+                if func not in KINDS:
+                    kind_of(func)
+                body = self._general
+                kwargs = kwargs or {}
+            state = recorder.state
+            if state.busy:  # the recorder's own torch calls (a probe, the live view's reads)
+                return func(*args, **(kwargs or {}))
+            # The frame every recorded call runs in: what was unowned before it, and the in-call
+            # mark that lets its saved buffers and its node share one stack walk.
+            mark = len(state.unowned)
+            state.in_call = True
+            try:
+                out = body(recorder, func, args, kwargs, call, mark)
+            finally:
+                state.in_call = False
+                state.call_site = None
+            if recorder.listening.listener is not None:
+                recorder.notify_listener()
+            return out
         except BaseException as error:
             # torch's dispatch to this mode exists only because the mode does (see tracebacks).
             hide_dispatch(_frame(1))
