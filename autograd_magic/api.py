@@ -12,6 +12,10 @@ from typing import Any
 from autograd_magic.recorder.core import Recorder, uninstall_this_thread
 from autograd_magic.trace import Trace
 
+# Names in a namespace that are never the user's tensors: the IPython integration adds its own
+# (`In`, `Out`, ...) when it loads, so a plain `with track():` in a notebook skips them too.
+NOT_USER_NAMES: set[str] = set()
+
 
 def track(save: str | os.PathLike[str] | None = None, **options: Any) -> Recorder:
     """Record autograd nodes, saved buffers, shared storage and version bumps in a block.
@@ -24,6 +28,7 @@ def track(save: str | os.PathLike[str] | None = None, **options: Any) -> Recorde
     not the user's, left out of the walk that names tensors).
     """
     options.setdefault("trace", Trace())
+    options.setdefault("ignore_names", frozenset(NOT_USER_NAMES))
     if save is not None:
         from autograd_magic.saving import save_trace
 

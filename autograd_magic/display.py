@@ -12,6 +12,7 @@ from typing import Any
 
 from IPython.display import display
 
+from autograd_magic import api
 from autograd_magic.model.trace import Trace
 from autograd_magic.report.build import ReportOptions, report_of
 from autograd_magic.report.model import DEFAULT_MAX_NODES, Report
@@ -19,6 +20,8 @@ from autograd_magic.views.text import render_text, render_watch_text
 from autograd_magic.watch_trace import WatchTrace
 
 BLOCK = "cell"  # what the reports call the traced code in IPython: a cell
+# What IPython puts in a cell's namespace for itself: never a name of the user's tensors.
+NOTEBOOK_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
 
 
 def report_for(trace: Trace, max_nodes: int = DEFAULT_MAX_NODES) -> Report:
@@ -36,6 +39,7 @@ def _shell() -> Any:
 def register_formatters(shell: Any) -> None:
     """Make `Trace` objects render as their panel in `shell`, `WatchTrace` objects as their
     report (idempotent)."""
+    api.NOT_USER_NAMES.update(NOTEBOOK_NAMES)  # a plain `with track():` in a cell too
     formatter = shell.display_formatter.mimebundle_formatter
     formatter.for_type(Trace, lambda trace: trace_bundle([("trace", trace)], shell))
     formatter.for_type(WatchTrace, watch_bundle)

@@ -29,7 +29,7 @@ from IPython.display import display
 
 from autograd_magic import watching
 from autograd_magic.api import track
-from autograd_magic.display import BLOCK, register_formatters, show_cell_trace
+from autograd_magic.display import BLOCK, NOTEBOOK_NAMES, register_formatters, show_cell_trace
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.watch import WatchOptions
 from autograd_magic.recorder import Recorder, sites
@@ -172,15 +172,11 @@ def _prepare(shell: Any, line: str, cell: str) -> tuple[Any, CodeType, CodeType 
     return args, body, last
 
 
-# What IPython puts in a cell's namespace for itself: never a name of the user's tensors.
-_NOTEBOOK_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
-
-
 def _start(shell: Any, args: Any, body: CodeType) -> tuple[Recorder, Any, Any]:
     """The cell's recorder (not entered yet) and, in a Jupyter kernel unless told otherwise,
     its live panel (`views.panel.live_panel`, fed by the recorder while it records) already on
     screen, so it shows before the cell's first op; (recorder, None, None) otherwise."""
-    options = {"home_code": body, "namespace": shell.user_ns, "ignore_names": _NOTEBOOK_NAMES}
+    options = {"home_code": body, "namespace": shell.user_ns, "ignore_names": NOTEBOOK_NAMES}
     recorder: Any
     if args.full:
         recorder = live = track(**options)
