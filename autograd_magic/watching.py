@@ -92,6 +92,7 @@ class Watch:
         self._escalated = False  # the current rise was captured: not again until it stops
         self._first: Recorder | None = None  # the first window's, made before the block
         self._whole = False  # set at the end: the first window was open from start to end
+        self._step_end_seq = 0  # the window trace's sequence number at the last step end
 
     # ----- the block ----------------------------------------------------------------------
     def __enter__(self) -> Watch:
@@ -182,7 +183,8 @@ class Watch:
         window = self._window
         counts = dataclasses.replace(counter.end_step(), step=self.result.steps_done + 1)
         if window is not None:
-            counts = _captured(counts, self._recorder)
+            counts = _captured(counts, self._recorder, self._step_end_seq)
+            self._step_end_seq = window.trace.seq
         result = self.result
         result.add_step(counts)
         if window is not None:
@@ -243,6 +245,7 @@ class Watch:
         recorder = recorder or self._new_recorder()
         recorder.__enter__()
         self._recorder = recorder
+        self._step_end_seq = 0
         self._window = CaptureWindow(first, first - 1, steps, reason, recorder.trace)
         self.result.windows.append(self._window)
 
@@ -310,13 +313,16 @@ class Watch:
         )
 
 
-def _captured(counts: StepCounts, recorder: Recorder | None) -> StepCounts:
+def _captured(counts: StepCounts, recorder: Recorder | None, since_seq: int) -> StepCounts:
     """A captured step's counts: the recorder's hooks were innermost, so its trace has the
-    saved bytes the counter did not see."""
+    saved bytes the counter did not see: retained now, and the most within the step (its
+    timeline samples after `since_seq`, the previous step's end)."""
     if recorder is None:
         return counts
-    snapshot = recorder.trace.snapshot()
-    return captured_counts(counts, snapshot.retained_bytes, snapshot.peak_retained_bytes)
+    trace = recorder.trace
+    retained = trace.retained_bytes
+    peak = max((s.retained_bytes for s in trace.timeline if s.seq > since_seq), default=0)
+    return captured_counts(counts, retained, max(peak, retained))
 
 
 def block_namespace(frame: FrameType) -> dict[str, Any]:

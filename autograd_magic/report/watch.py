@@ -48,7 +48,14 @@ def build_watch_report(record: WatchRecord, options: ReportOptions | None = None
         for w in record.windows
     )
     oom = () if record.out_of_memory is None else out_of_memory_sentences(record.out_of_memory)
-    return WatchReport(state, tuple(summary(record)), steps_table(record.steps), oom, windows)
+    found = [
+        Sentence(f"{w.title.split(',')[0]}: {s.text}", s.line, s.kind)
+        for w in windows
+        for s in w.report.sentences
+        if s.kind in ("finding", "error")
+    ]
+    sentences = (*found, *summary(record))
+    return WatchReport(state, sentences, steps_table(record.steps), oom, windows)
 
 
 def summary(record: WatchRecord) -> list[Sentence]:
@@ -130,7 +137,9 @@ def steps_table(steps: Sequence[StepCounts]) -> Table:
     )
     note = (
         "Counted at each step's end: backward roots still alive (a correct loop keeps at most "
-        "the last loss's graph), saved tensors alive and the bytes only graphs hold."
+        "the last loss's graph), saved tensors alive and their bytes, parameters and your leaf "
+        "tensors left out. A captured step's bytes are its full record's, which also leaves out "
+        "what your variables still hold (the loss, an output): they can read lower."
     )
     return Table("Steps", headers if rows else (), tuple(rows), note)
 
