@@ -41,16 +41,13 @@ def test_the_memory_a_watch_holds_is_flat_past_its_step_cap(monkeypatch):
     assert held[3000] - held[1500] < 1500 * per_record / 4, (held, per_record)
 
 
-def test_a_step_costs_the_same_at_step_20000_as_at_step_1000():
+def test_a_20000_step_watch_keeps_its_step_records_capped():
     """GIVEN 20,000 tiny steps in one watched block (the real caps: records thinned past 10,000)
-    THEN a 1,000-step chunk late in the loop costs within 1.3x of one early on, each over work
-    the watch does not touch timed right after it (the machine's drift cancels), the cheapest
-    of five at each end (a shared machine's noise only adds); the records stay capped."""
+    THEN the records stay capped and the last step is still recorded. (That a step costs the
+    same late as early is benchmark row 18's, timed there, never in a test.)"""
     run = watched_run(20_000, 1_000)
     assert run.result is not None and len(run.result.steps) <= watch_trace.MAX_STEPS
-    relative = [t / r for t, r in zip(run.times, run.reference, strict=True)]
-    early, late = min(relative[1:6]), min(relative[-5:])
-    assert late <= 1.3 * early, [round(r, 2) for r in relative]
+    assert run.result.steps[-1].step == run.result.steps_done == 20_000
 
 
 def test_step_records_are_counted_in_bytes():
