@@ -95,9 +95,9 @@ def _kept_by(holders: Iterable[Holder]) -> str:
     names = list(dict.fromkeys(re.split(r"[\[.]", h.path, maxsplit=1)[0] for h in holders))
     if not names:
         return ""
-    shown = [f"`{name}`" for name in names[:3]]
-    if len(names) > 3:
-        shown[-1] = f"{len(names) - 2:,} more"
+    shown = [f"`{name}`" for name in names[:4]]
+    if len(names) > 4:  # 'and 2 more' would name two fewer than it takes to say
+        shown[-1] = f"{len(names) - 3:,} more"
     return ", kept by " + (
         shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} and {shown[-1]}"
     )
