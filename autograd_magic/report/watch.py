@@ -102,12 +102,13 @@ def summary(record: WatchRecord) -> list[Sentence]:
 
 
 def steps_table(steps: Sequence[StepCounts]) -> Table:
-    """The steps' counters: the first and last ones and those around each captured run."""
+    """The steps' counters: the first and last ones and those where a captured run begins or
+    ends (with the step on each side)."""
     keep: set[int] = set(range(min(STEP_ROWS // 2, len(steps))))
     keep |= set(range(max(0, len(steps) - STEP_ROWS // 2), len(steps)))
-    for i, s in enumerate(steps):
-        if s.captured:
-            keep |= {i - 1, i, i + 1}
+    for i in range(1, len(steps)):
+        if steps[i].captured != steps[i - 1].captured:
+            keep |= {i - 2, i - 1, i, i + 1}
     rows = []
     previous = -1
     for i in sorted(k for k in keep if 0 <= k < len(steps)):
