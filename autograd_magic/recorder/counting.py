@@ -55,8 +55,9 @@ class _RootTag:
 
     @finalizer
     def __del__(self) -> None:
+        ref = self.counter_ref  # before the guard: see deferred.finalizer
         try:
-            counter = self.counter_ref()
+            counter = ref()
             if counter is not None:
                 counter._roots_died += 1
         except Exception:
