@@ -238,8 +238,10 @@ def test_keyboard_interrupt_at_any_moment_leaves_nothing_installed():
     interrupted, left = map(int, done.stdout.split())
     assert interrupted > 300  # the signal really lands inside the block
     # What remains is CPython checking for signals on entering `__exit__`, before any of our code
-    # runs (2 to 9 of 3,000 here; 23 to 28 before removal became idempotent).
-    assert left <= 15
+    # runs (2 to 9 of 3,000 here; 23 to 28 before removal became idempotent). Python 3.10 checks
+    # at more of the `with` statement's exit instructions (no RESUME-based checks yet): 21 of
+    # 3,000 in the version matrix's 3.10 + torch 2.4.1 cell. `uninstall()` takes any of them out.
+    assert left <= (15 if sys.version_info >= (3, 11) else 30)
 
 
 # ----- 3. code that runs untracked runs tracked -------------------------------------------------
