@@ -32,6 +32,7 @@ from autograd_magic.model.watch import (
 from autograd_magic.recorder import stacks, torch_api
 from autograd_magic.recorder.core import Recorder
 from autograd_magic.recorder.counting import StepCounter
+from autograd_magic.recorder.frames import outside_caller
 from autograd_magic.recorder.mode import RecorderMode
 from autograd_magic.recorder.naming import frame_namespace
 from autograd_magic.trace import Trace
@@ -98,7 +99,7 @@ class Watch:
     def __enter__(self) -> Watch:
         frame = None
         if self._home_code is None:
-            frame = self._frame = _caller(sys._getframe(1))
+            frame = self._frame = outside_caller()
             self._home_code = frame.f_code
         # With `home_code` given (the magic, the command line) the block's frame does not exist
         # yet: it is found at the first step's end (`_find_frame`).
@@ -361,12 +362,3 @@ def graph_holders(namespace: dict[str, Any], limit: int = 20) -> tuple[str, ...]
         if len(names) >= limit:
             break
     return tuple(names)
-
-
-def _caller(frame: FrameType) -> FrameType:
-    """The frame of the code that entered the block (the first outside this package)."""
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
-        "autograd_magic"
-    ):
-        frame = frame.f_back
-    return frame

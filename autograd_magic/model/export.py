@@ -168,13 +168,9 @@ def trace_fields(text: str) -> dict[str, Any]:
     site = document.get("error_site")
     fields["error_site"] = None if site is None else build_record(Site, site, "error_site")
     for name, cls in _LISTS.items():
-        values = check_list(document, name, max_records)
-        fields[name] = [build_record(cls, v, f"{name}[{i}]") for i, v in enumerate(values)]
+        fields[name] = _records(document, name, cls, max_records)
     if version < 4:  # worded when saved; shown as they were
-        values = check_list(document, "findings", max_records)
-        fields["stored_findings"] = [
-            build_record(Finding, v, f"findings[{i}]") for i, v in enumerate(values)
-        ]
+        fields["stored_findings"] = _records(document, "findings", Finding, max_records)
     else:  # decoded (and checked) by the analysis, which owns the facts' forms
         facts = check_list(document, "facts", max_records)
         for i, fact in enumerate(facts):
@@ -182,10 +178,7 @@ def trace_fields(text: str) -> dict[str, Any]:
                 raise ValueError(f"facts[{i}]: expected an object, got {type(fact).__name__}")
         fields["stored_facts"] = facts
         if "stored_findings" in document:
-            values = check_list(document, "stored_findings", max_records)
-            fields["stored_findings"] = [
-                build_record(Finding, v, f"stored_findings[{i}]") for i, v in enumerate(values)
-            ]
+            fields["stored_findings"] = _records(document, "stored_findings", Finding, max_records)
         sources = check_value(document.get("sources"), dict[str, tuple[str, ...]], "sources")
         fields["sources"] = {file: list(lines) for file, lines in sources.items()}
     if version < 3:  # counted by PyTorch's leaf flag then: a leaf's bytes were not retained
@@ -207,6 +200,12 @@ def trace_fields(text: str) -> dict[str, Any]:
             raise ValueError(f"alive_at_end: more than the cap of {max_records}")
     fields["alive_at_end"] = alive
     return fields
+
+
+def _records(document: dict, name: str, cls: type, cap: int) -> list[Any]:
+    """The document's list `name` as `cls` records, each checked (errors name `name[i]`)."""
+    values = check_list(document, name, cap)
+    return [build_record(cls, v, f"{name}[{i}]") for i, v in enumerate(values)]
 
 
 def _required_keys(version: int) -> tuple[str, ...]:
