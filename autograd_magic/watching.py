@@ -10,6 +10,7 @@ own `Trace`, findings included. See `WatchTrace` for what a watched block leaves
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import os
 import sys
@@ -322,7 +323,9 @@ def _captured(counts: StepCounts, recorder: Recorder | None, since_seq: int) -> 
         return counts
     trace = recorder.trace
     retained = trace.retained_bytes
-    peak = max((s.retained_bytes for s in trace.timeline if s.seq > since_seq), default=0)
+    samples = trace.timeline  # in sequence order: this step's are the tail
+    start = bisect.bisect_right(samples, since_seq, key=lambda sample: sample.seq)
+    peak = max((s.retained_bytes for s in samples[start:]), default=0)
     return captured_counts(counts, retained, max(peak, retained))
 
 
