@@ -11,16 +11,17 @@ a function returning the trace of its loop; `CASES` lists them with their expect
 
 from __future__ import annotations
 
-import contextlib
+import importlib
 import math
 from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from corpus_base import INPLACE, TWICE, Case, Expect, raises, seed
 from markers import marker_lines
 from torch.distributions import Categorical
 from torch.utils.checkpoint import checkpoint
@@ -28,47 +29,6 @@ from torch.utils.checkpoint import checkpoint
 import autograd_magic as am
 
 line_of = marker_lines(__file__)
-
-
-@dataclass(frozen=True)
-class Expect:
-    """One expected finding: its kind, the marker of its line, its holder, and the words its
-    advice must (`fix`) and must not (`never`) contain."""
-
-    kind: str
-    marker: str
-    holder: str | None
-    fix: tuple[str, ...] = ()
-    never: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    source: str  # where the code came from
-    loop: Callable[[], am.Trace]
-    expected: tuple[Expect, ...] = ()  # () for a correct loop
-    known_gap: str = ""  # why the findings still miss this case (the test expects the miss)
-
-
-@contextlib.contextmanager
-def raises(text: str) -> Iterator[None]:
-    """The loop is expected to stop with PyTorch's error containing `text`."""
-    try:
-        yield
-    except RuntimeError as exc:
-        assert text in str(exc), exc
-    else:
-        raise AssertionError(f"expected an error with {text!r}")
-
-
-INPLACE = "modified by an inplace operation"
-TWICE = "backward through the graph a second time"
-
-
-def seed() -> None:
-    torch.manual_seed(0)
-    np.random.seed(0)
 
 
 # ===== correct loops ==============================================================================
@@ -1541,4 +1501,21 @@ BROKEN = [
     ),
 ]
 
+
+def _gather_families() -> None:
+    """Add each `tests/corpus_<family>.py` module's `CORRECT` and `BROKEN` cases."""
+    for path in sorted(Path(__file__).parent.glob("corpus_*.py")):
+        if path.stem != "corpus_base":
+            family = importlib.import_module(path.stem)
+            CORRECT.extend(family.CORRECT)
+            BROKEN.extend(family.BROKEN)
+
+
+_gather_families()
 CASES = {case.name: case for case in CORRECT + BROKEN}
+assert len(CASES) == len(CORRECT) + len(BROKEN), "two corpus cases share a name"
+
+
+def lines_of(case: Case) -> Callable[[str], int]:
+    """The marker lookup of the file the case's loop is written in."""
+    return case.line_of or line_of

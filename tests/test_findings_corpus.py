@@ -4,10 +4,11 @@ no finding on a correct loop; on a broken one, the expected kind, line, holder a
 from __future__ import annotations
 
 import pytest
-from findings_corpus import CASES, Case, line_of
+from findings_corpus import CASES, Case, lines_of
 
 
 def expected_rows(case: Case) -> list[tuple[str, int, str | None]]:
+    line_of = lines_of(case)
     return [(e.kind, line_of(e.marker), e.holder) for e in case.expected]
 
 
