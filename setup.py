@@ -46,7 +46,12 @@ setup(
             "autograd_magic._native",
             sources=["autograd_magic/_native.c"],
             optional=True,
-        )
+        ),
+        Extension(
+            "autograd_magic._counted",
+            sources=["autograd_magic/_counted.c"],
+            optional=True,
+        ),
     ],
     cmdclass={"build_ext": OptionalBuildExt},
 )

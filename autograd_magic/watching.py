@@ -11,7 +11,6 @@ own `Trace`, findings included. See `WatchTrace` for what a watched block leaves
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import os
 import sys
 from collections.abc import Collection
@@ -183,7 +182,7 @@ class Watch:
             self._find_frame(counter)
         self._since_step = 0
         window = self._window
-        counts = dataclasses.replace(counter.end_step(), step=self.result.steps_done + 1)
+        counts = counter.end_step(step=self.result.steps_done + 1)
         if window is not None:
             counts = _captured(counts, self._recorder, self._step_end_seq)
             self._step_end_seq = window.trace.seq

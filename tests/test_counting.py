@@ -1,10 +1,14 @@
 """Counted steps (issue 34): `StepCounter`'s counters say what a loop keeps, and counting changes
-nothing the user can see (values, gradients, exceptions, freeing moments, refcounts)."""
+nothing the user can see (values, gradients, exceptions, freeing moments, refcounts).
+
+Every test runs twice: with the compiled pack and unpack hooks (`autograd_magic._counted`) and
+with the pure-Python ones they replace, which must say and do the same."""
 
 from __future__ import annotations
 
 import gc
 import itertools
+import os
 import sys
 import threading
 import warnings
@@ -19,11 +23,26 @@ from test_differential import SCENARIOS
 from torch import nn
 
 from autograd_magic.model.watch import StepCounts
-from autograd_magic.recorder import nodes, torch_api
+from autograd_magic.recorder import counting, native, nodes, torch_api
 from autograd_magic.recorder.counting import StepCounter
 
 line_of = marker_lines(__file__)
 pytestmark = pytest.mark.filterwarnings("ignore:Error detected in:UserWarning")
+COMPILED = counting._compiled
+
+
+@pytest.fixture(autouse=True, params=["compiled", "pure-python"])
+def hooks(request, monkeypatch):
+    """The counted steps' hooks under test: the compiled ones (skipped where they were not
+    built, except in CI) or the pure-Python fallback."""
+    if request.param == "pure-python":
+        monkeypatch.setattr(counting, "_compiled", None)
+        monkeypatch.setattr(counting, "_UNPACK", counting._unpack)
+    elif COMPILED is None:
+        if os.environ.get("CI") and not os.environ.get(native.PURE_PYTHON_ENV):
+            pytest.fail("CI builds autograd_magic._counted")
+        pytest.skip("autograd_magic._counted was not built")
+    return request.param
 
 
 def all_installed() -> tuple:

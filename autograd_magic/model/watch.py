@@ -154,6 +154,9 @@ def growth_start(steps: Sequence[StepCounts], after: int) -> tuple[str, int] | N
     same iteration again, not growth."""
     if after < 1 or len(steps) <= after:
         return None
+    last, previous = steps[-1], steps[-2]
+    if last.live_roots <= previous.live_roots and last.retained_bytes <= previous.retained_bytes:
+        return None  # the usual step end: nothing rose at the last one
     for what, read in (("live backward roots", _roots), ("retained saved tensors", _retained)):
         values = [read(s) for s in steps[-after - 1 :]]
         if not all(b > a for a, b in itertools.pairwise(values)):

@@ -10,7 +10,10 @@ and their peak within a step, the backward calls of a step.
 
 Counters written by finalizers (which may run on autograd's threads) are kept apart from those the
 pack hook writes: each is then only ever changed by one kind of writer, and a live figure is a
-difference of the two.
+difference of the two. With the compiled helper (`autograd_magic._counted`, built with the
+recorder's) the pack and unpack hooks and the packed object's death are C, and the counters live
+in its `Packer`; the pure-Python `_Tally` and pack hook below are the reference and the fallback,
+with the same results (tests/test_counting.py runs both).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from autograd_magic.recorder.nodes import current_sequence_nr
 from autograd_magic.recorder.saved import PackedSaved, may_own_saved, storage_of
 
 _get_ident = threading.get_ident
+_compiled = native.COUNTED
 _node_sequence_nr = torch_api.node_sequence_nr
 _serials = itertools.count(1)
 # Take an object out of the cycle collector's view (compiled helper; None without it). What the
@@ -66,6 +70,39 @@ class _RootTag:
             hold(error)
 
 
+class _Tally:
+    """The pure-Python counters (the compiled `Packer` has the same fields): what was packed and
+    released, in tensors and counted bytes, the peak this step, and what a new storage notes."""
+
+    __slots__ = ("frame", "module", "packed", "packed_bytes", "peak", "released", "released_bytes")
+
+    def __init__(self) -> None:
+        self.frame: FrameType | None = None  # the block's frame, only while installed
+        self.module = ""  # the top-level module running now ("" outside any)
+        # Written by the pack hook and end_step (installing thread) only:
+        self.packed = self.packed_bytes = self.peak = 0
+        # Written by finalizers only (any thread):
+        self.released = self.released_bytes = 0
+
+
+if _compiled is not None:
+    from autograd_magic.recorder import deferred, inplace_text, saved
+
+    _compiled.configure(
+        pending=pending,
+        raise_pending=deferred.raise_pending,
+        may_own_saved=may_own_saved,
+        unlisted_detach=saved._unlisted_detach,
+        profiler_enabled=torch_api.profiler_enabled,
+        storage_of=storage_of,
+        slots=saved.SLOTS,
+        version_error=saved.version_error_text,
+        detached_message=inplace_text.DETACHED_MESSAGE,
+        parameter_type=torch.nn.Parameter,
+        tensor_type=torch.Tensor,
+    )
+
+
 class StepCounter:
     """Counts what autograd holds, step by step, at the cost of a pack hook (see the module).
 
@@ -79,7 +116,7 @@ class StepCounter:
         block_frame: FrameType | None = None,
         on_backward_end: Callable[[], None] | None = None,
     ) -> None:
-        self.block_frame = block_frame
+        self._block_frame = block_frame
         self.on_backward_end = on_backward_end
         self._ref = weakref.ref(self)
         self._key = f"autograd_magic:root:{next(_serials)}"
@@ -90,20 +127,31 @@ class StepCounter:
         # Distinct saved storages alive: storage key (a negative serial for storage-less
         # tensors) -> [uses, bytes, counted, shape, dtype, line, module, held_by].
         self._live: dict[int, list[Any]] = {}
-        # Written by the pack hook and the backward wrapper (installing thread) only:
-        self._packed = 0
-        self._packed_bytes = 0
-        self._peak = 0
+        self._tally: Any = _Tally() if _compiled is None else _compiled.Packer(self._live, _peek())
+        # Written by the backward wrapper (installing thread) only:
         self._roots_tagged = 0
         self._step = 0
         self._calls = 0
         self.depth = 0
-        self.module = ""  # the top-level module running now ("" outside any)
         self._module_depth = 0
         # Written by finalizers only (any thread):
-        self._released = 0
-        self._released_bytes = 0
         self._roots_died = 0
+
+    @property
+    def block_frame(self) -> FrameType | None:
+        """The watched block's frame: each new saved storage notes its line (None: line 0)."""
+        return self._block_frame
+
+    @block_frame.setter
+    def block_frame(self, frame: FrameType | None) -> None:
+        self._block_frame = frame
+        if self._installed:
+            self._tally.frame = frame
+
+    @property
+    def module(self) -> str:
+        """The top-level module running now ("" outside any)."""
+        return str(self._tally.module)
 
     # --- the counters -----------------------------------------------------------------------
 
@@ -115,33 +163,36 @@ class StepCounter:
     @property
     def live_saved(self) -> int:
         """Saved tensors autograd still holds (packed by this counter)."""
-        return self._packed - self._released
+        tally = self._tally
+        return int(tally.packed - tally.released)
 
     @property
     def live_bytes(self) -> int:
         """Bytes of the distinct saved storages that only the graph holds."""
-        return self._packed_bytes - self._released_bytes
+        tally = self._tally
+        return int(tally.packed_bytes - tally.released_bytes)
 
     @property
     def backward_calls(self) -> int:
         """Outermost backward calls in the current step."""
         return self._calls
 
-    def end_step(self, captured: bool = False) -> StepCounts:
-        """The counters now, as the end of the current step; the next step starts."""
+    def end_step(self, captured: bool = False, step: int | None = None) -> StepCounts:
+        """The counters now, as the end of the current step (numbered `step`, else this
+        counter's own count from 0); the next step starts."""
         live = self.live_bytes
         counts = StepCounts(
-            step=self._step,
+            step=self._step if step is None else step,
             backward_calls=self._calls,
             live_roots=self.live_roots,
             live_saved=self.live_saved,
             retained_bytes=live,
-            peak_bytes=max(self._peak, live),
+            peak_bytes=max(self._tally.peak, live),
             captured=captured,
         )
         self._step += 1
         self._calls = 0
-        self._peak = live
+        self._tally.peak = live
         return counts
 
     def held_now(self) -> list[HeldSaved]:
@@ -161,8 +212,10 @@ class StepCounter:
         return held
 
     def buffer_released(self, buffer_id: int, storage_key: int) -> None:
-        """A packed object died (autograd let go of a saved tensor): called by its finalizer."""
-        self._released += 1
+        """A pure-Python packed object died (autograd let go of a saved tensor): called by its
+        finalizer."""
+        tally = self._tally
+        tally.released += 1
         live = self._live
         entry = live.get(buffer_id)
         if entry is None:
@@ -171,7 +224,7 @@ class StepCounter:
         if entry[_USES] <= 0:
             live.pop(buffer_id, None)
             if entry[_COUNTED]:
-                self._released_bytes += entry[_BYTES]
+                tally.released_bytes += entry[_BYTES]
 
     # --- install / remove -------------------------------------------------------------------
 
@@ -184,10 +237,11 @@ class StepCounter:
         self._installed = True
         try:
             stacks.remove_stranded_hooks()
-            self._pack = self._pack_hook()
+            self._tally.frame = self._block_frame
+            self._pack = self._tally if _compiled is not None else self._pack_hook()
             install.add_patches(self)
             if install.hooks_disabled_message() is None:
-                stacks.push_hooks(self._pack, _unpack)
+                stacks.push_hooks(self._pack, _UNPACK)
             else:  # inside torch.func or disable_saved_tensors_hooks: wait for them to end
                 self._suspended = True
                 install.suspended_until_enabled(self)
@@ -203,6 +257,7 @@ class StepCounter:
         if not self._installed:
             return
         self._installed = False
+        self._tally.frame = None  # a packed object outliving the block must not hold its locals
         counted_calls.leave_module_hooks(self)
         counted_calls.remove_counter(self)
         install.remove_patches(self)
@@ -225,11 +280,10 @@ class StepCounter:
 
     def _pack_hook(self) -> Callable[[torch.Tensor], Any]:
         """This counter's pack hook: a closure, so its per-save reads are local variables."""
-        counter = self
+        tally = self._tally
         ref = self._ref
         live = self._live
-        # The next node's sequence number on this thread: torch's own read, or a probe node's.
-        peek = torch_api.current_sequence_nr_peek or _probing_peek()
+        peek = _peek()
         sequence_nr = _node_sequence_nr
         negative = itertools.count(-1, -1)
         untrack = _untrack
@@ -247,7 +301,7 @@ class StepCounter:
                 or not may_own_saved(type(grad_fn))
             )
             packed = PackedSaved(tensor, grad_fn, ref, 0, keep)
-            counter._packed += 1  # at once: its finalizer counts it released
+            tally.packed += 1  # at once: its finalizer counts it released
             if untrack is not None:
                 untrack(packed)
             key, size = storage_of(tensor)
@@ -257,10 +311,10 @@ class StepCounter:
             counted = not packed.held_by
             entry = live.get(key)
             if entry is None:
-                frame = counter.block_frame  # read here: it may be set after install
+                frame = tally.frame  # read here: it may be set after install
                 line = 0 if frame is None else frame.f_lineno
                 entry = [
-                    1, size, counted, tensor.shape, tensor.dtype, line, counter.module,
+                    1, size, counted, tensor.shape, tensor.dtype, line, tally.module,
                     packed.held_by,
                 ]  # fmt: skip
                 live[key] = entry if untrack is None else untrack(entry)
@@ -270,11 +324,11 @@ class StepCounter:
                     return packed
                 entry[_COUNTED] = True  # a storage first saved through a parameter's view
             if counted:
-                total = counter._packed_bytes + size
-                counter._packed_bytes = total
-                total -= counter._released_bytes
-                if total > counter._peak:
-                    counter._peak = total
+                total = tally.packed_bytes + size
+                tally.packed_bytes = total
+                total -= tally.released_bytes
+                if total > tally.peak:
+                    tally.peak = total
             return packed
 
         return pack
@@ -289,7 +343,7 @@ class StepCounter:
             if type(module).__name__ == counted_calls.WRAPPED:
                 # Its compiled code calls the inner module with no hook: name that one.
                 module = next(module.children(), module)
-            self.module = type(module).__name__
+            self._tally.module = type(module).__name__
 
     def module_left(self) -> None:
         if _get_ident() != self.thread:
@@ -297,7 +351,7 @@ class StepCounter:
         self._module_depth -= 1
         if self._module_depth <= 0:
             self._module_depth = 0
-            self.module = ""
+            self._tally.module = ""
 
     def backward_starts(self, roots: Any) -> None:
         """Count an outermost backward call and tag its roots' nodes (each node once)."""
@@ -343,7 +397,12 @@ class StepCounter:
         """Undo `suspend` (nothing once removed)."""
         if self._suspended and self._installed and self._pack is not None:
             self._suspended = False
-            stacks.push_hooks(self._pack, _unpack)
+            stacks.push_hooks(self._pack, _UNPACK)
+
+
+def _peek() -> Callable[[], int]:
+    """The next node's sequence number on this thread: torch's own read, or a probe node's."""
+    return torch_api.current_sequence_nr_peek or _probing_peek()
 
 
 def _probing_peek() -> Callable[[], int]:
@@ -366,3 +425,6 @@ def _unpack(packed: Any) -> torch.Tensor:
     if type(packed) is PackedSaved:
         return packed.checked_tensor()
     return packed
+
+
+_UNPACK: Callable[[Any], torch.Tensor] = _unpack if _compiled is None else _compiled.unpack

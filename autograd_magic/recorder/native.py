@@ -26,11 +26,14 @@ def _load() -> tuple[ModuleType | None, str]:
         return None, f"pure Python ({PURE_PYTHON_ENV} is set)"
     try:
         _native = importlib.import_module("autograd_magic._native")
+        counted = importlib.import_module("autograd_magic._counted")
     except ImportError as error:
         return None, f"pure Python (the compiled recorder was not built or does not load: {error})"
-    if _native.STAND_IN_NAME != STAND_IN_NAME or not hasattr(_native, "node_tag"):
+    if _native.STAND_IN_NAME != STAND_IN_NAME or not hasattr(counted, "Packer"):
         # a stale build from another version
         return None, "pure Python (the compiled recorder is stale: reinstall autograd_magic)"
+    global COUNTED
+    COUNTED = counted
     return _native, "compiled (autograd_magic._native)"
 
 
@@ -49,6 +52,8 @@ def _importer_level() -> int:
     return level
 
 
+# The compiled counted steps (autograd_magic._counted, built with _native): set by `_load`.
+COUNTED: ModuleType | None = None
 NATIVE, STATUS = _load()
 if NATIVE is None and "not built" in STATUS:
     warnings.warn(

@@ -172,17 +172,24 @@ class PackedSaved:
         return self.tensor
 
     def _version_error(self, current: int) -> str:
-        # As torch/csrc/autograd/saved_variable.cpp: a kept input names its producer as it is
-        # now (output 0, as PyTorch reports it), a saved output the node that saved it.
-        t = self.tensor
-        if self.output_nr is None:
-            grad_fn, output_nr = t.grad_fn, 0
-            name = None if grad_fn is None else grad_fn.name()
-        else:
-            name, output_nr = self.grad_fn_name, self.output_nr
-        sizes = ", ".join(str(s) for s in t.shape)
-        type_name = _legacy_type_name(t)
-        return WORDING.version_error(type_name, sizes, name, output_nr, current, self.version)
+        return version_error_text(
+            self.tensor, self.grad_fn_name, self.output_nr, current, self.version
+        )
+
+
+def version_error_text(
+    t: torch.Tensor, grad_fn_name: str | None, output_nr: int | None, current: int, saved: int
+) -> str:
+    """PyTorch's in-place error for a saved tensor at version `saved`, now at `current`."""
+    # As torch/csrc/autograd/saved_variable.cpp: a kept input (`output_nr` None) names its
+    # producer as it is now (output 0, as PyTorch reports it), a saved output the node that
+    # saved it.
+    if output_nr is None:
+        grad_fn, output_nr = t.grad_fn, 0
+        grad_fn_name = None if grad_fn is None else grad_fn.name()
+    sizes = ", ".join(str(s) for s in t.shape)
+    type_name = _legacy_type_name(t)
+    return WORDING.version_error(type_name, sizes, grad_fn_name, output_nr, current, saved)
 
 
 # Scalar types with a legacy tensor type name (`torch.FloatTensor`); PyTorch names the others

@@ -42,7 +42,13 @@ def user_hooks() -> bool:
         popped.append(top)
     for pack_hook, unpack_hook in reversed(popped):
         torch_api.push_saved_hooks(pack_hook, unpack_hook)
-    return any(not getattr(pack, "__module__", "").startswith(_PACKAGE) for pack, _ in popped)
+    return not all(_is_ours(pack) for pack, _ in popped)
+
+
+def _is_ours(pack: Any) -> bool:
+    """Whether a pack hook is a block's: a function of this package, or a compiled one."""
+    module = getattr(pack, "__module__", None) or type(pack).__module__
+    return str(module).startswith(_PACKAGE)
 
 
 def remove_hooks(pack: Callable[..., Any]) -> None:
