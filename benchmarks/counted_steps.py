@@ -1,11 +1,11 @@
 """Issue 34: the cost of counted steps (`recorder.counting.StepCounter`) on CPU training steps.
 
-`python -m benchmarks.counted_steps [rounds] [steps]`: the MLP, CNN, LSTM and transformer rows
-of `workloads`, one thread, each variant running `steps` steps per timed sample, interleaved
-round by round and timed by this thread's CPU time: untracked; the mechanism floor (an empty
-TorchFunctionMode plus no-op saved-tensor hooks, `floor.mechanism`); no-op saved-tensor hooks
-alone; the counter (installed around the steps, `end_step()` at each backward's end as watch
-mode calls it). Ratios are per-round medians.
+`python -m benchmarks.counted_steps [rounds] [steps]`: the MLP, CNN, LSTM, transformer and BERT
+(Hugging Face, where `transformers` is installed) rows of `workloads`, one thread, each variant
+running `steps` steps per timed sample, interleaved round by round and timed by this thread's CPU
+time: untracked; the mechanism floor (an empty TorchFunctionMode plus no-op saved-tensor hooks,
+`floor.mechanism`); no-op saved-tensor hooks alone; the counter (installed around the steps,
+`end_step()` at each backward's end as watch mode calls it). Ratios are per-round medians.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ WORKLOADS = {
     "CNN": workloads.cnn,
     "LSTM": workloads.lstm,
     "transformer": workloads.transformer,
+    "BERT": workloads.bert,
 }
 
 
@@ -66,6 +67,8 @@ def measure(rounds: int = 15, steps: int = 5, warmup: int = 2) -> dict[str, dict
     table: dict[str, dict[str, str]] = {}
     for name, build in WORKLOADS.items():
         workload = build()
+        if workload is None:
+            continue
         variants = {
             "untracked": _around(untracked, workload.step, steps),
             "floor": _around(floor.mechanism, workload.step, steps),
@@ -91,8 +94,12 @@ def row(quick: bool = False) -> Row:
     torch.set_num_threads(1)
     worst = 0.0
     parts, floors = [], []
+    skipped = []
     for name, build in WORKLOADS.items():
         workload = build(quick)
+        if workload is None:
+            skipped.append(f"{name}: not run (`transformers` is not installed)")
+            continue
         variants = {
             "untracked": _around(untracked, workload.step, steps),
             "floor": _around(floor.mechanism, workload.step, steps),
@@ -115,11 +122,13 @@ def row(quick: bool = False) -> Row:
         target=f"<= {TARGET:.2f}x, or the floor where it is higher",
         verdict=verdict(worst <= TARGET),
         details=[
-            "Each variant runs the MLP, CNN, LSTM and transformer steps of row 2-4 and 9 "
+            "Each variant runs the MLP, CNN, LSTM, transformer and BERT steps of rows 2-4, 9 "
+            "and 11 "
             f"({steps} per sample, {rounds} interleaved rounds, this thread's CPU time); the "
             "counter is installed around the steps and ends a step at each backward call, as "
             "watch mode runs it.",
             *floors,
+            *skipped,
         ],
     )
 
