@@ -13,7 +13,6 @@ from typing import Any, TypeVar
 
 from autograd_magic.analysis.findings.facts import (
     FACT_TYPES,
-    Bypass,
     DataWrite,
     Fact,
     FreedBuiltOnce,
@@ -38,6 +37,7 @@ from autograd_magic.analysis.findings.facts import (
 from autograd_magic.analysis.live import NodeGrowth, built_line
 from autograd_magic.model.records import Finding
 from autograd_magic.model.units import cell_line, format_bytes
+from autograd_magic.report import write_wording
 from autograd_magic.report.model import Sentence
 from autograd_magic.report.quotes import (
     CARRIED_VALUE,
@@ -47,13 +47,10 @@ from autograd_magic.report.quotes import (
     carried_name,
     detached,
     line_list,
-    name_list,
     once_detached,
     quoted_code,
     quoted_source,
-    saved_by,
     saved_bytes,
-    then_fails,
     which_graphs,
 )
 
@@ -286,74 +283,6 @@ def _fix_built_once(f: FreedBuiltOnce) -> str:
     )
 
 
-# ----- writes -------------------------------------------------------------------------------
-def _inplace(f: InplaceWrite) -> str:
-    assert f.reference is not None
-    advice = (
-        f"Use the out-of-place form, `{f.fix}`, or `.clone()` the tensor before writing to it."
-        if f.fix
-        else "Use the out-of-place form of the operation (inplace=False for a layer), or "
-        "`.clone()` the tensor before writing to it."
-    )
-    return (
-        f"In-place `{f.op}` on `{f.holder}` at {at_line(f.line, f.reference)} changed "
-        f"a tensor that {saved_by(f.saved)}; {then_fails(f.failed)}. {advice}"
-    )
-
-
-def _optimizer_step(f: OptimizerStep) -> str:
-    assert f.reference is not None
-    labels = f.labels
-    names = name_list(labels, "parameters")
-    what = f"`{names}`" if len(labels) == 1 else names
-    done = (
-        f"the optimizer step at line {f.line}{quoted_source(f.reference)} updated {what} in "
-        f"place, tensors that {saved_by(f.saved)}"
-    )
-    if f.cause is not None:
-        return (
-            f"{because(f.cause)}the next backward reaches back into that graph: {done}, so it "
-            f"fails with {INPLACE_ERROR}. Detaching `{carried_name(f.cause)}` fixes this too."
-        )
-    then = then_fails(f.failed, ": the graph it walks was built before the step")
-    return (
-        f"{done[0].upper()}{done[1:]}; {then}. The optimizer updated the weights while a "
-        f"retained graph still needs their old values: run every backward before "
-        f"optimizer.step(), or redo the forward after it (recompute what you backpropagate)."
-    )
-
-
-def _shared_write(f: SharedWrite) -> str:
-    assert f.reference is not None
-    sharers = f.sharers
-    others = ", ".join(f"`{s}`" + (f" ({how})" if how else "") for s, how in sharers)
-    return (
-        f"In-place `{f.op}` on `{f.holder}` at line {f.line}"
-        f"{quoted_source(f.reference)} also changed {others}, which "
-        f"{'share' if len(sharers) > 1 else 'shares'} memory with `{f.holder}`. If the old "
-        f"values were meant to stay, copy first with `.clone()` (tensors) or `.copy()` (NumPy "
-        f"arrays)."
-    )
-
-
-def _bypass(f: Bypass) -> str:
-    assert f.reference is not None
-    target = f"`{f.holder}`" if f.holder else "a tensor"
-    written = f.written
-    if isinstance(f, NumpyWrite):
-        how = f"NumPy array `{written}` was written (seen at line {f.line})"
-    else:
-        how = (
-            f"`{written}` was written at line {f.line}{quoted_source(f.reference)} through `.data`"
-        )
-    return (
-        f"{how}, changing {target} without bumping its version counter, after "
-        f"{saved_by(f.saved)}: backward will use the new values without any error, "
-        f"so gradients may be silently wrong. Make the change before the forward pass, or "
-        f"write under torch.no_grad() without `.data` so autograd's check can see it."
-    )
-
-
 # Each form's words, keyed by its fact class (each function takes that class).
 _WORDS: dict[type[Fact], Callable[[Any], str]] = {
     KeptChain: _kept_chain,
@@ -365,11 +294,11 @@ _WORDS: dict[type[Fact], Callable[[Any], str]] = {
     FreedKeptContainer: _freed_twice(_fix_kept_container),
     FreedUnshared: _freed_twice(_fix_unshared),
     FreedBuiltOnce: _freed_twice(_fix_built_once),
-    InplaceWrite: _inplace,
-    OptimizerStep: _optimizer_step,
-    SharedWrite: _shared_write,
-    DataWrite: _bypass,
-    NumpyWrite: _bypass,
+    InplaceWrite: write_wording.inplace,
+    OptimizerStep: write_wording.optimizer_step,
+    SharedWrite: write_wording.shared_write,
+    DataWrite: write_wording.bypass,
+    NumpyWrite: write_wording.bypass,
     Leftover: _leftover,
     NoBackward: _no_backward,
     NeverReached: _never_reached,

@@ -1,0 +1,89 @@
+"""The words of the write findings (inplace-on-saved, shared-write, data-bypass), kept apart
+from `autograd_magic.report.wording`, which puts every form's words in one table."""
+
+from __future__ import annotations
+
+from autograd_magic.analysis.findings.facts import (
+    Bypass,
+    InplaceWrite,
+    NumpyWrite,
+    OptimizerStep,
+    SharedWrite,
+)
+from autograd_magic.report.quotes import (
+    INPLACE_ERROR,
+    at_line,
+    because,
+    carried_name,
+    name_list,
+    quoted_source,
+    saved_by,
+    then_fails,
+)
+
+
+def inplace(f: InplaceWrite) -> str:
+    assert f.reference is not None
+    advice = (
+        f"Use the out-of-place form, `{f.fix}`, or `.clone()` the tensor before writing to it."
+        if f.fix
+        else "Use the out-of-place form of the operation (inplace=False for a layer), or "
+        "`.clone()` the tensor before writing to it."
+    )
+    return (
+        f"In-place `{f.op}` on `{f.holder}` at {at_line(f.line, f.reference)} changed "
+        f"a tensor that {saved_by(f.saved)}; {then_fails(f.failed)}. {advice}"
+    )
+
+
+def optimizer_step(f: OptimizerStep) -> str:
+    assert f.reference is not None
+    labels = f.labels
+    names = name_list(labels, "parameters")
+    what = f"`{names}`" if len(labels) == 1 else names
+    done = (
+        f"the optimizer step at line {f.line}{quoted_source(f.reference)} updated {what} in "
+        f"place, tensors that {saved_by(f.saved)}"
+    )
+    if f.cause is not None:
+        return (
+            f"{because(f.cause)}the next backward reaches back into that graph: {done}, so it "
+            f"fails with {INPLACE_ERROR}. Detaching `{carried_name(f.cause)}` fixes this too."
+        )
+    then = then_fails(f.failed, ": the graph it walks was built before the step")
+    return (
+        f"{done[0].upper()}{done[1:]}; {then}. The optimizer updated the weights while a "
+        f"retained graph still needs their old values: run every backward before "
+        f"optimizer.step(), or redo the forward after it (recompute what you backpropagate)."
+    )
+
+
+def shared_write(f: SharedWrite) -> str:
+    assert f.reference is not None
+    said = [f"`{s}`" + (f" ({how})" if how else "") for s, how in f.sharers]
+    many = len(said) > 1
+    return (
+        f"In-place `{f.op}` on `{f.holder}` at line {f.line}"
+        f"{quoted_source(f.reference)} also changed {', '.join(said)}, which "
+        f"{'share' if many else 'shares'} memory with `{f.holder}`. If the old "
+        f"values were meant to stay, copy first with `.clone()` (tensors) or `.copy()` (NumPy "
+        f"arrays)."
+    )
+
+
+def bypass(f: Bypass) -> str:
+    assert f.reference is not None
+    target = f"`{f.holder}`" if f.holder else "a tensor"
+    written = f.written
+    if isinstance(f, NumpyWrite):
+        how = f"NumPy array `{written}` was written (seen at line {f.line})"
+    else:
+        how = (
+            f"`{written}` was written at line {f.line}{quoted_source(f.reference)} through `.data`"
+        )
+    return (
+        f"{how}, changing {target} without bumping its version counter, after "
+        f"{saved_by(f.saved)}: backward will use the new values without any error, "
+        f"so gradients may be silently wrong. Make the change before the forward pass, or "
+        f"write under torch.no_grad() without `.data` so autograd's check can see it."
+    )
