@@ -26,6 +26,7 @@ from autograd_magic.analysis.findings.facts import (
     KeptChain,
     KeptContainer,
     Leftover,
+    LibraryWrite,
     NeverReached,
     NoBackward,
     NumpyWrite,
@@ -161,6 +162,10 @@ def bump(
     bypassed: str = "",
     sharers: Iterable[str] = (),
     file: str = CELL,
+    object_id: int = 0,
+    sharer_ids: Iterable[int] = (),
+    hidden: bool = False,
+    module: str | None = None,
 ) -> VersionBump:
     return VersionBump(
         label,
@@ -169,10 +174,14 @@ def bump(
         0 if bypass else 1,
         seq,
         site(line, file),
+        object_id=object_id,
         hit_buffers=tuple(hit),
         bypass=bypass,
         bypassed=bypassed,
+        sharer_ids=tuple(sharer_ids),
         sharers=tuple(sharers),
+        hidden=hidden,
+        module=module,
     )
 
 
@@ -185,9 +194,11 @@ def trace(
     version_bumps: Iterable[VersionBump] = (),
     links: Iterable[AliasLink] = (),
     labels: Mapping[int, str] | None = None,
+    alive_at_end: Iterable[int] | None = None,
+    module_types: Mapping[str, str] | None = None,
 ) -> Trace:
     """A finished trace of these records; `holders` maps a user's path to the node it holds."""
-    return Trace.from_records(
+    t = Trace.from_records(
         nodes,
         buffers,
         backward_calls=list(backward_calls),
@@ -197,6 +208,10 @@ def trace(
         labels=dict(labels or {}),
         finished=True,
     )
+    if alive_at_end is not None:
+        t.alive_at_end = set(alive_at_end)
+    t.module_types = dict(module_types or {})
+    return t
 
 
 def sentences(facts: Iterable[Fact]) -> list[str]:
@@ -484,6 +499,34 @@ def test_writes_autograd_cannot_see_are_data_or_numpy_writes():
     assert data.saved == numpy.saved == SavedBy(("MmBackward0",), (), (2,))
 
 
+def test_a_write_inside_a_library_call_names_the_call_its_module_and_the_failed_backward():
+    # GIVEN `a = emb.weight @ W.t()` (line 2) then `emb(idx)` at line 3, whose F.embedding
+    # renormalized the weight in place (max_norm), and a backward at line 4 that failed
+    t = trace(
+        nodes=[node(id=1, line=2, existed_before=True)],
+        buffers=[buffer(id=1, node=1, line=2)],
+        backward_calls=[call(seq=5, line=4, error=INPLACE)],
+        version_bumps=[
+            bump(
+                label="emb.weight",
+                op="embedding",
+                seq=3,
+                line=3,
+                hit=[1],
+                hidden=True,
+                module="emb",
+            )
+        ],
+        module_types={"emb": "Embedding"},
+    )
+    [fact] = find_facts(t)
+    assert type(fact) is LibraryWrite and (fact.kind, fact.form) == ("inplace-on-saved", "library")
+    assert (fact.line, fact.holder, fact.call, fact.failed) == (3, "emb.weight", "embedding", 4)
+    assert (fact.module, fact.module_type, fact.related_lines) == ("emb", "Embedding", (2,))
+    words = finding(fact).message
+    assert "max_norm" in words and "`emb.weight.clone()`" in words and "line 4 failed" in words
+
+
 # ----- unused-graph ------------------------------------------------------------------------
 def test_a_forward_no_backward_followed_is_no_backward():
     # GIVEN `out = model(x)` (line 2, 4 KiB saved) and no backward
@@ -633,3 +676,4 @@ def test_every_fact_of_the_findings_corpus_words_the_same_after_json():
             assert dataclasses.asdict(again) == dataclasses.asdict(fact), name
         seen.update(type(f) for f in facts)
     assert {GraphGrowth, RetainedGraph, FreedCarried, OptimizerStep, NumpyWrite} <= seen
+    assert LibraryWrite in seen

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pytest
 import torch
 from markers import marker_lines
 from torch import nn
@@ -184,3 +185,29 @@ def test_inplace_write_to_a_saved_tensor_names_the_buffer_it_hit():
     saved = [b.id for b in trace.buffers if b.shape == (3,) and not b.is_leaf]
     assert bump.hit_buffers and set(bump.hit_buffers) <= set(saved)
     del z
+
+
+def test_a_write_inside_a_library_call_is_recorded_only_when_it_hits_a_saved_tensor():
+    """GIVEN nn.Embedding(max_norm=1), whose F.embedding renormalizes the weight in place where
+    the function mode does not see it: alone (nothing saved) its write is no record; after
+    `emb.weight @ w` saved the weight it is one hidden write, naming the call and module, and
+    the values and the in-place error stay PyTorch's own."""
+    torch.manual_seed(0)
+    emb = nn.Embedding(4, 3, max_norm=1.0)
+    w = torch.randn(3, 2, requires_grad=True)
+    idx = torch.tensor([1, 2])
+    with am.track() as trace:
+        first = emb(idx)
+        a = emb.weight @ w
+        b = emb(torch.tensor([0, 3]))  # L:LIBRARY_WRITE
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            (a.sum() + b.sum()).backward()
+    (bump,) = trace.version_bumps
+    assert (bump.label, bump.op, bump.hidden, bump.module) == (
+        "emb.weight",
+        "embedding",
+        True,
+        "emb",
+    )
+    assert bump.line == line_of("LIBRARY_WRITE") and bump.hit_buffers
+    assert emb.weight.norm(dim=1).max() <= 1.0 + 1e-6 and first.shape == (2, 3)

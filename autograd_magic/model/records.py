@@ -162,6 +162,10 @@ class VersionBump:
     bypassed: str = ""
     sharer_ids: tuple[int, ...] = ()
     sharers: tuple[str, ...] = ()
+    # A write made inside a library function's body (`F.embedding` renormalizing its weight
+    # under max_norm), seen only as the version moving across that call: `op` names the call.
+    hidden: bool = False
+    module: str | None = None  # the module being called at the write (None: outside any)
 
     @property
     def line(self) -> int:

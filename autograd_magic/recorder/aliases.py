@@ -188,8 +188,25 @@ class AliasTracker:
                 self._record_bump(tensor, op, old, new, site, saved_before)
         return out
 
+    def hidden_write(
+        self, tensor: torch.Tensor, call: str, old: int, new: int, saved_before: int
+    ) -> None:
+        """The version of `tensor` moved across `call`, which is no in-place op: a write inside
+        a library function's body. Recorded only when it breaks a live saved buffer (what the
+        user can act on; a library's running statistics move every step)."""
+        if not self._saved_on(tensor, saved_before)[0]:
+            return
+        self._record_bump(tensor, call, old, new, self.sites.here(), saved_before, hidden=True)
+
     def _record_bump(
-        self, tensor: torch.Tensor, op: str, old: int, new: int, site: Site, saved_before: int
+        self,
+        tensor: torch.Tensor,
+        op: str,
+        old: int,
+        new: int,
+        site: Site,
+        saved_before: int,
+        hidden: bool = False,
     ) -> None:
         writer = self.writer
         uid = self._uid(tensor, "tensor")
@@ -203,7 +220,22 @@ class AliasTracker:
         # Positional: a dataclass's __init__ takes keywords slower (one write per optimizer op).
         seq = writer.next_seq()
         bump = VersionBump(
-            label, op, old, new, seq, site, uid, tuple(hits), (), bypass, source or 0, "", sharers
+            label,
+            op,
+            old,
+            new,
+            seq,
+            site,
+            uid,
+            tuple(hits),
+            (),
+            bypass,
+            source or 0,
+            "",
+            sharers,
+            (),
+            hidden,
+            writer.module if hidden else None,
         )
         what = _INPLACE_WHAT.get(op)
         if what is None:

@@ -8,6 +8,7 @@ walk, the live listener between two calls). Kept short: it runs once per torch c
 
 from __future__ import annotations
 
+from types import FunctionType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,6 +32,8 @@ _NoSubclassDispatch = torch_api.DisableTorchFunctionSubclass
 _NOT_LINKED = frozenset({OpKind.PLAIN, OpKind.INPLACE, OpKind.BACKWARD, OpKind.GRAD})
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
+_version = torch_api.version_of
+_PyFunction = FunctionType
 
 
 class OpRecording:
@@ -60,7 +63,13 @@ class OpRecording:
         __tracebackhide__ = True
         kind, name = KINDS[func]
         if kind is OpKind.PLAIN and "out" not in kwargs:
+            # A Python function's first call comes here, not to `library`: the same check.
+            watched = type(func) is _PyFunction
+            inputs, before = self._versions(args, kwargs) if watched else ([], [])
+            saved_before = self.writer.trace.buffers_saved
             out = call(func, args, kwargs)
+            if inputs:
+                self._hidden_writes(func, inputs, before, saved_before)
         elif kind is OpKind.INPLACE or kind is OpKind.PLAIN:
             out = self.aliases.run_inplace(func, name, args, kwargs, call)
         elif kind is OpKind.BACKWARD or kind is OpKind.GRAD:
@@ -88,6 +97,36 @@ class OpRecording:
         elif isinstance(out, (tuple, list)):
             self.nodes.register_outputs(out, mark)
         return out
+
+    def library(self, func: Any, args: tuple, kwargs: dict | None, call: StandIn, mark: int) -> Any:
+        """A Python function of kind PLAIN (an `F.*` helper): the plain body, plus the writes its
+        body makes where the mode cannot see them (`F.embedding` renormalizes its weight in
+        place under max_norm)."""
+        __tracebackhide__ = True
+        inputs, before = self._versions(args, kwargs)
+        if not inputs:
+            return self.plain(func, args, kwargs, call, mark)
+        saved_before = self.writer.trace.buffers_saved
+        out = self.plain(func, args, kwargs, call, mark)
+        self._hidden_writes(func, inputs, before, saved_before)
+        return out
+
+    def _versions(self, args: tuple, kwargs: dict | None) -> tuple[list[torch.Tensor], list[int]]:
+        """The plain tensor arguments of a call and their versions; none while no saved buffer
+        is alive (a write breaks a backward only then, so nothing is read)."""
+        if self.writer.live_buffers <= 0:
+            return [], []
+        inputs = _plain_tensors(args, kwargs)
+        return inputs, [_version(t) for t in inputs]
+
+    def _hidden_writes(
+        self, func: Any, inputs: list[torch.Tensor], before: list[int], saved_before: int
+    ) -> None:
+        """Record the arguments whose version moved across a call that is no in-place op."""
+        for tensor, old in zip(inputs, before, strict=True):
+            new = _version(tensor)
+            if new != old:
+                self.aliases.hidden_write(tensor, KINDS[func][1], old, new, saved_before)
 
     def inplace(self, func: Any, args: tuple, kwargs: dict, call: StandIn, mark: int) -> Any:
         """A write on plain tensors (kind INPLACE, no `out=`): an optimizer step makes one per
@@ -140,3 +179,12 @@ class OpRecording:
     def read_holders(self) -> None:
         """Ask who holds the saved storages."""
         self.holders.read_holders()
+
+
+def _plain_tensors(args: tuple, kwargs: dict | None) -> list[torch.Tensor]:
+    """The plain tensors and parameters among a call's arguments (not inside containers),
+    without inference tensors, which have no version counter."""
+    found = [a for a in args if type(a) is _Tensor or type(a) is _Parameter]
+    if kwargs:
+        found += [v for v in kwargs.values() if type(v) is _Tensor or type(v) is _Parameter]
+    return [t for t in found if not t.is_inference()]

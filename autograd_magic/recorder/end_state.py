@@ -69,7 +69,7 @@ class EndState:
             return named
 
         trace = self.trace
-        for records in (trace.nodes, trace.buffers):
+        for records in (trace.nodes, trace.buffers, trace.version_bumps):
             for record in records:
                 if record.module is not None:
                     record.module = rename(record.module)

@@ -71,6 +71,7 @@ class RecorderMode(install.BlockMode):
         # Its bodies as plain functions, called with it: no bound method made per call.
         parts = type(recorder)
         self._plain, self._inplace = parts.plain, parts.inplace
+        self._library = parts.library
         self._general, self._subclass = parts.general, parts.subclass
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -121,7 +122,9 @@ class RecorderMode(install.BlockMode):
                     if recorder.listening.listener is not None:
                         recorder.notify_listener()
                     return out
-                body = self._plain  # the common op, kept short
+                # The common op, kept short; a Python function (`F.embedding`) may also write
+                # to its inputs inside its body, where this mode does not see the write.
+                body = self._plain if builtin else self._library
             elif func in INPLACE and no_out:
                 body = self._inplace  # a write on plain tensors (an optimizer's)
                 kwargs = kwargs or {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 from autograd_magic.analysis.findings.facts import (
     Bypass,
     InplaceWrite,
+    LibraryWrite,
     NumpyWrite,
     OptimizerStep,
     SharedWrite,
@@ -55,6 +56,31 @@ def optimizer_step(f: OptimizerStep) -> str:
         f"{done[0].upper()}{done[1:]}; {then}. The optimizer updated the weights while a "
         f"retained graph still needs their old values: run every backward before "
         f"optimizer.step(), or redo the forward after it (recompute what you backpropagate)."
+    )
+
+
+def library_write(f: LibraryWrite) -> str:
+    assert f.reference is not None
+    weight = f"`{f.holder}`" if f.holder else "its weight"
+    who = f"`{f.module}`" if f.module else f"`F.{f.call}`"
+    kind = f" ({f.module_type})" if f.module and f.module_type else ""
+    if f.call == "embedding":
+        inside = "with max_norm set, `F.embedding` renormalizes the rows it looks up"
+        clone = f"`{f.holder}.clone()`" if f.holder else "a `.clone()` of the weight"
+        advice = (
+            f"Finish what uses {weight} for gradients (its backward) before calling {who} "
+            f"again, or call {who} before that use; where the weight itself is used, use "
+            f"{clone} there, as PyTorch's docs for max_norm ask."
+        )
+    else:
+        inside = f"`F.{f.call}` writes to it inside its body"
+        advice = (
+            f"Make this call before the line that saved {weight}, or use a `.clone()` of it "
+            f"on that line."
+        )
+    return (
+        f"Calling {who}{kind} at {at_line(f.line, f.reference)} changed {weight} in place "
+        f"({inside}) after {saved_by(f.saved)}; {then_fails(f.failed)}. {advice}"
     )
 
 

@@ -192,6 +192,21 @@ class OptimizerStep(Fact):
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
+class LibraryWrite(Fact):
+    """A library function (`call`: `embedding`) changed the tensor `holder` in place inside its
+    body, after `saved` saved it; `module` (of class `module_type`) is the module whose forward
+    made the call, when one did; `failed` as for `InplaceWrite`."""
+
+    kind: ClassVar[FindingKind] = "inplace-on-saved"
+    form: ClassVar[str] = "library"
+    call: str
+    module: str | None
+    module_type: str | None
+    saved: SavedBy
+    failed: int | None
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
 class SharedWrite(Fact):
     """In-place `op` that also changed `sharers`: (label, how it came to share, None for the
     original)."""
@@ -276,6 +291,7 @@ FACT_TYPES: tuple[type[Fact], ...] = (
     FreedBuiltOnce,
     InplaceWrite,
     OptimizerStep,
+    LibraryWrite,
     SharedWrite,
     DataWrite,
     NumpyWrite,

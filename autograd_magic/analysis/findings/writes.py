@@ -1,5 +1,5 @@
-"""Facts about writes: inplace-on-saved (one per write, or one per optimizer step),
-shared-write and data-bypass."""
+"""Facts about writes: inplace-on-saved (one per write, one per optimizer step, or a library
+function's own write), shared-write and data-bypass."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from autograd_magic.analysis.findings.facts import (
     DataWrite,
     GraphGrowth,
     InplaceWrite,
+    LibraryWrite,
     NumpyWrite,
     OptimizerStep,
     SavedBy,
@@ -35,11 +36,11 @@ def saved_by(graph: RecordIndex, bumps: list[VersionBump]) -> tuple[SavedBy, tup
 
 def inplace_on_saved(
     trace: Trace, graph: RecordIndex, cause: GraphGrowth | None
-) -> list[InplaceWrite | OptimizerStep]:
+) -> list[InplaceWrite | OptimizerStep | LibraryWrite]:
     """In-place writes to a tensor a live graph saved: the next backward through it will fail.
     One optimizer step that updates many saved parameters is one fact naming them all; `cause`
     is the graph-growth fact that makes the next backward reach the updated tensors."""
-    facts: list[InplaceWrite | OptimizerStep] = []
+    facts: list[InplaceWrite | OptimizerStep | LibraryWrite] = []
     seen = set()
     steps: dict[int, list[VersionBump]] = {}
     for bump in trace.version_bumps:
@@ -54,6 +55,9 @@ def inplace_on_saved(
         # Written inside a function (a helper, a forward): the line to fix is the inner one.
         inner = bump.site.outer_line not in (None, bump.site.line)
         line = bump.site.line if inner else key[0]
+        if bump.hidden:
+            facts.append(_library_write(trace, bump, line, key[0], saved, buffer_ids))
+            continue
         facts.append(
             InplaceWrite(
                 line=line,
@@ -76,6 +80,30 @@ def inplace_on_saved(
 
 
 INPLACE_FAILURE = "modified by an inplace operation"  # PyTorch's error for it
+
+
+def _library_write(
+    trace: Trace,
+    bump: VersionBump,
+    line: int,
+    cell: int,
+    saved: SavedBy,
+    buffer_ids: tuple[int, ...],
+) -> LibraryWrite:
+    """A write a library function made inside its body (`bump.op` names the function)."""
+    module = bump.module
+    return LibraryWrite(
+        line=line,
+        related_lines=tuple(sorted({*saved.lines, cell} - {line})),
+        holder=bump.label,
+        reference=bump.site,
+        buffer_ids=buffer_ids,
+        call=bump.op,
+        module=module,
+        module_type=None if module is None else trace.module_types.get(module),
+        saved=saved,
+        failed=_failed_after(trace, bump),
+    )
 
 
 def _failed_after(trace: Trace, bump: VersionBump) -> int | None:
