@@ -527,6 +527,36 @@ def test_a_write_inside_a_library_call_names_the_call_its_module_and_the_failed_
     assert "max_norm" in words and "`emb.weight.clone()`" in words and "line 4 failed" in words
 
 
+def test_a_sharer_nobody_can_read_again_is_no_shared_write():
+    # GIVEN `sd = net.state_dict()` remade each iteration (line 5) and the optimizer's write to
+    # the parameter at line 3 of each next iteration: the old `sd` dies or is remade
+    links = [AliasLink(10 + i, 1, "detach", True, 6 + i, site(5)) for i in range(3)]
+    writes = [
+        bump(
+            label="w",
+            op="add_",
+            seq=7 + i,
+            line=3,
+            object_id=1,
+            sharers=[f"detach#{10 + i}"],
+            sharer_ids=[10 + i],
+        )
+        for i in range(2)
+    ]
+    dead = trace(version_bumps=writes, links=links, labels={1: "w"}, alive_at_end={1, 12})
+    assert find_facts(dead) == []
+    # AND the last one, still alive at the end, was remade per write: a temporary too
+    remade = trace(version_bumps=writes, links=links, labels={1: "w"}, alive_at_end={1, 10, 11})
+    assert find_facts(remade) == []
+    # BUT a snapshot alive at the end with no user name is described, never by its label
+    [fact] = find_facts(
+        trace(version_bumps=writes[:1], links=links, labels={1: "w"}, alive_at_end={1, 10})
+    )
+    assert type(fact) is SharedWrite and fact.unnamed == (("detach", 5),)
+    words = finding(fact).message
+    assert "a tensor made by `detach` at line 5" in words and "#" not in words
+
+
 # ----- unused-graph ------------------------------------------------------------------------
 def test_a_forward_no_backward_followed_is_no_backward():
     # GIVEN `out = model(x)` (line 2, 4 KiB saved) and no backward

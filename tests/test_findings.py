@@ -600,3 +600,41 @@ def test_a_carried_lstm_state_is_named_with_the_tuple_detach():
     finding = only(trace, "backward-through-freed")
     assert line_of("CARRIED") in finding.related_lines
     assert "`hidden = tuple(t.detach() for t in hidden)`" in finding.message
+
+
+def test_a_write_to_a_tensor_no_name_reaches_never_shows_the_recorders_label():
+    """GIVEN exp's saved output written in place inside one expression (no variable holds it)
+    THEN the finding says an unnamed tensor, not the recorder's `tensor#1`."""
+    x = torch.randn(3, requires_grad=True)
+    with am.track() as trace, pytest.raises(RuntimeError, match="inplace"):
+        x.exp().mul_(2).sum().backward()  # L:UNNAMED_WRITE
+    finding = only(trace, "inplace-on-saved")
+    assert finding.line == line_of("UNNAMED_WRITE") and finding.holder is None
+    assert "on an unnamed tensor" in finding.message and "#" not in finding.message
+
+
+def test_a_state_dict_remade_each_iteration_for_a_soft_update_is_no_shared_write():
+    """GIVEN the DQN tutorial's soft update: `sd = net.state_dict()` each iteration, whose
+    detached tensors the next optimizer step changes before `sd` is rebound THEN no finding;
+    a snapshot kept past the writes still is one, named by the user's variable."""
+    torch.manual_seed(0)
+    net, target = nn.Linear(3, 2), nn.Linear(3, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with am.track() as trace:
+        for _ in range(3):
+            opt.zero_grad()
+            net(torch.randn(4, 3)).sum().backward()
+            opt.step()
+            sd = net.state_dict()
+            target.load_state_dict({k: 0.9 * target.state_dict()[k] + 0.1 * sd[k] for k in sd})
+    assert trace.findings == []
+    with am.track() as trace:
+        best = net.state_dict()
+        for _ in range(2):
+            opt.zero_grad()
+            net(torch.randn(4, 3)).sum().backward()
+            opt.step()  # L:SNAPSHOT_STEP
+    found = trace.findings
+    assert set(best) == {"weight", "bias"}  # read after the block: a snapshot meant to stay
+    assert [f.kind for f in found] == ["shared-write", "shared-write"]
+    assert all(f.line == line_of("SNAPSHOT_STEP") and "`best['" in f.message for f in found)

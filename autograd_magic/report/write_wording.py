@@ -31,8 +31,9 @@ def inplace(f: InplaceWrite) -> str:
         else "Use the out-of-place form of the operation (inplace=False for a layer), or "
         "`.clone()` the tensor before writing to it."
     )
+    target = f"`{f.holder}`" if f.holder else "an unnamed tensor"
     return (
-        f"In-place `{f.op}` on `{f.holder}` at {at_line(f.line, f.reference)} changed "
+        f"In-place `{f.op}` on {target} at {at_line(f.line, f.reference)} changed "
         f"a tensor that {saved_by(f.saved)}; {then_fails(f.failed)}. {advice}"
     )
 
@@ -87,6 +88,7 @@ def library_write(f: LibraryWrite) -> str:
 def shared_write(f: SharedWrite) -> str:
     assert f.reference is not None
     said = [f"`{s}`" + (f" ({how})" if how else "") for s, how in f.sharers]
+    said += [f"a tensor made by `{how}` at line {line}" for how, line in f.unnamed]
     many = len(said) > 1
     return (
         f"In-place `{f.op}` on `{f.holder}` at line {f.line}"
@@ -102,11 +104,11 @@ def bypass(f: Bypass) -> str:
     target = f"`{f.holder}`" if f.holder else "a tensor"
     written = f.written
     if isinstance(f, NumpyWrite):
-        how = f"NumPy array `{written}` was written (seen at line {f.line})"
+        array = f"NumPy array `{written}`" if written else "A NumPy array"
+        how = f"{array} was written (seen at line {f.line})"
     else:
-        how = (
-            f"`{written}` was written at line {f.line}{quoted_source(f.reference)} through `.data`"
-        )
+        alias = f"`{written}`" if written else "A tensor"
+        how = f"{alias} was written at line {f.line}{quoted_source(f.reference)} through `.data`"
     return (
         f"{how}, changing {target} without bumping its version counter, after "
         f"{saved_by(f.saved)}: backward will use the new values without any error, "

@@ -209,12 +209,13 @@ class LibraryWrite(Fact):
 @dataclass(frozen=True, eq=False, kw_only=True)
 class SharedWrite(Fact):
     """In-place `op` that also changed `sharers`: (label, how it came to share, None for the
-    original)."""
+    original); `unnamed`: sharers no user name reaches, as (how each was made, its line)."""
 
     kind: ClassVar[FindingKind] = "shared-write"
     form: ClassVar[str] = "write"
     op: str
     sharers: tuple[tuple[str, str | None], ...]
+    unnamed: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)

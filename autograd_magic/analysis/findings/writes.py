@@ -22,6 +22,12 @@ from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import cell_line, layer_pattern
 
 
+def user_label(label: str | None) -> str | None:
+    """`label` when it is a user's name (`model.fc.weight`), None for the recorder's own label
+    of an object no name reached (`tensor#35`, `detach#181`): a finding never shows those."""
+    return None if not label or "#" in label else label
+
+
 def saved_by(graph: RecordIndex, bumps: list[VersionBump]) -> tuple[SavedBy, tuple[int, ...]]:
     """Who saved the buffers `bumps` hit, and those buffers' ids."""
     hit = [i for bump in bumps for i in bump.hit_buffers]
@@ -62,7 +68,7 @@ def inplace_on_saved(
             InplaceWrite(
                 line=line,
                 related_lines=tuple(sorted({*saved.lines, key[0]} - {line})),
-                holder=bump.label,
+                holder=user_label(bump.label),
                 reference=bump.site,
                 buffer_ids=buffer_ids,
                 op=bump.op,
@@ -95,7 +101,7 @@ def _library_write(
     return LibraryWrite(
         line=line,
         related_lines=tuple(sorted({*saved.lines, cell} - {line})),
-        holder=bump.label,
+        holder=user_label(bump.label),
         reference=bump.site,
         buffer_ids=buffer_ids,
         call=bump.op,
@@ -137,7 +143,7 @@ def _optimizer_step(
     return OptimizerStep(
         line=line,
         related_lines=saved.lines,
-        holder=stepped_object(site) or bumps[0].label,
+        holder=stepped_object(site) or user_label(bumps[0].label),
         cause=cause,
         reference=site,
         buffer_ids=buffer_ids,
@@ -148,28 +154,80 @@ def _optimizer_step(
 
 
 def shared_write(trace: Trace, graph: RecordIndex) -> list[SharedWrite]:
-    """In-place writes that also change another live tensor or array sharing the memory."""
+    """In-place writes that also change another live tensor or array sharing the memory, one
+    that may still be read: not a temporary remade each iteration (see `_stale_sharers`)."""
     how: dict[str, str] = {}
     for group in storage_groups(trace.links, trace.labels, trace.alive_at_end):
         how.update(group.how)
+    made = _made_at(trace)
+    stale = _stale_sharers(trace, made)
     facts: list[SharedWrite] = []
     seen = set()
     for bump in trace.version_bumps:
-        label, sharers = bump.label, bump.sharers
+        label = bump.label
+        pairs = [(u, s) for u, s in _sharers(trace, bump) if u not in stale]
         if bump.bypass and bump.bypassed and "#" in label:  # a write through `a.data`
             label = f"{bump.bypassed}.data"
-            sharers = tuple(s for s in sharers if s != bump.bypassed)
+            pairs = [(u, s) for u, s in pairs if s != bump.bypassed]
         key = (cell_line(bump.site), label)
-        if not sharers or "#" in label or key in seen:
+        if not pairs or "#" in label or key in seen:
             continue
         seen.add(key)
-        others = tuple(
-            (s, how[s] if how.get(s, "original") != "original" else None) for s in sharers
-        )
-        facts.append(
-            SharedWrite(line=key[0], holder=label, reference=bump.site, op=bump.op, sharers=others)
-        )
+        named = [s for _, s in pairs if "#" not in s]
+        others = tuple((s, how[s] if how.get(s, "original") != "original" else None) for s in named)
+        unnamed = tuple(made[u] for u, s in pairs if "#" in s and u in made)
+        if others or unnamed:
+            facts.append(
+                SharedWrite(
+                    line=key[0],
+                    holder=label,
+                    reference=bump.site,
+                    op=bump.op,
+                    sharers=others,
+                    unnamed=unnamed,
+                )
+            )
     return facts
+
+
+def _sharers(trace: Trace, bump: VersionBump) -> list[tuple[int, str]]:
+    """A write's sharers as (id, label); a hand-made trace may name them only (id 0), and one
+    still running has ids whose labels come at its end."""
+    ids, labels = bump.sharer_ids, bump.sharers
+    if not ids:
+        return [(0, s) for s in labels]
+    if len(labels) != len(ids):
+        labels = tuple(trace.label(u) for u in ids)
+    return list(zip(ids, labels, strict=True))
+
+
+def _made_at(trace: Trace) -> dict[int, tuple[str, int]]:
+    """How each linked tensor or array was made (`detach`, `numpy`) and at which cell line:
+    its first link as the new member."""
+    made: dict[int, tuple[str, int]] = {}
+    for link in trace.links:
+        made.setdefault(link.member, (link.how, cell_line(link.site)))
+    return made
+
+
+def _stale_sharers(trace: Trace, made: dict[int, tuple[str, int]]) -> set[int]:
+    """Sharers nobody can read after the write: those dead by the end of the block, and those
+    a line remade for each write of the same tensor (`sd = net.state_dict()`, `a = p.numpy()`
+    in a loop: the last one is still alive, but each is a fresh temporary, not a snapshot)."""
+    alive = trace.alive_at_end
+    stale: set[int] = set()
+    remade: dict[tuple[int, int, int], set[int]] = {}
+    for bump in trace.version_bumps:
+        for uid in bump.sharer_ids:
+            if alive is not None and uid not in alive:
+                stale.add(uid)
+            if uid in made:
+                key = (cell_line(bump.site), bump.object_id, made[uid][1])
+                remade.setdefault(key, set()).add(uid)
+    for uids in remade.values():
+        if len(uids) > 1:
+            stale |= uids
+    return stale
 
 
 def data_bypass(trace: Trace, graph: RecordIndex) -> list[Bypass]:
@@ -181,6 +239,8 @@ def data_bypass(trace: Trace, graph: RecordIndex) -> list[Bypass]:
             continue
         numpy = bump.op == "numpy write"
         written = bump.label if numpy or "#" not in bump.label else f"{bump.bypassed}.data"
+        if "#" in written:  # no user name reaches it: the wording says what it is instead
+            written = ""
         if (cell_line(bump.site), written) in seen:  # one buffer rewritten in a loop: one fact
             continue
         seen.add((cell_line(bump.site), written))
@@ -189,7 +249,7 @@ def data_bypass(trace: Trace, graph: RecordIndex) -> list[Bypass]:
             (NumpyWrite if numpy else DataWrite)(
                 line=cell_line(bump.site),
                 related_lines=saved.lines,
-                holder=bump.bypassed or None,
+                holder=user_label(bump.bypassed),
                 reference=bump.site,
                 buffer_ids=buffer_ids,
                 written=written,

@@ -1,0 +1,184 @@
+# The loops keep their sources' own style (zip without strict=), so a user's code is what the
+# findings see.
+# ruff: noqa: B905
+"""Corpus family (issue 35): writes to parameters and shared storage in code nobody here
+wrote. Target-network soft updates (through `state_dict()` or `.data`) and pruned and masked
+parameters: aliases nobody reads again, so no finding."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.nn.utils.prune as prune
+from corpus_base import Case, seed
+from markers import marker_lines
+
+import autograd_magic as am
+
+line_of = marker_lines(__file__)
+
+
+# ===== target networks ===========================================================================
+def dqn_models():
+    seed()
+    policy_net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+    target_net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+    target_net.load_state_dict(policy_net.state_dict())
+    return policy_net, target_net
+
+
+def dqn_soft_update() -> am.Trace:
+    # pytorch/tutorials intermediate_source/reinforcement_q_learning.py: optimize_model() and
+    # the soft update of the target network's weights through state_dict()
+    policy_net, target_net = dqn_models()
+    optimizer = torch.optim.AdamW(policy_net.parameters(), lr=1e-3, amsgrad=True)
+    TAU, GAMMA = 0.005, 0.99
+    batches = [
+        (torch.randn(8, 4), torch.randint(0, 2, (8, 1)), torch.randn(8), torch.randn(8, 4))
+        for _ in range(3)
+    ]
+    with am.track() as trace:
+        for state_batch, action_batch, reward_batch, next_states in batches:
+            state_action_values = policy_net(state_batch).gather(1, action_batch)
+            with torch.no_grad():
+                next_state_values = target_net(next_states).max(1).values
+            expected_state_action_values = (next_state_values * GAMMA) + reward_batch
+            criterion = nn.SmoothL1Loss()
+            loss = criterion(state_action_values, expected_state_action_values.unsqueeze(1))
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_value_(policy_net.parameters(), 100)
+            optimizer.step()
+            target_net_state_dict = target_net.state_dict()
+            policy_net_state_dict = policy_net.state_dict()
+            for key in policy_net_state_dict:
+                target_net_state_dict[key] = policy_net_state_dict[
+                    key
+                ] * TAU + target_net_state_dict[key] * (1 - TAU)
+            target_net.load_state_dict(target_net_state_dict)
+    return trace
+
+
+def soft_update(target, source, tau):
+    # ghliu/pytorch-ddpg util.py
+    for target_param, param in zip(target.parameters(), source.parameters()):
+        target_param.data.copy_(target_param.data * (1.0 - tau) + param.data * tau)
+
+
+def ddpg_soft_update() -> am.Trace:
+    # ghliu/pytorch-ddpg ddpg.py update_policy(): critic, then actor, then soft updates
+    seed()
+    actor = nn.Sequential(nn.Linear(3, 16), nn.ReLU(), nn.Linear(16, 1), nn.Tanh())
+    critic = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))
+    actor_target = nn.Sequential(nn.Linear(3, 16), nn.ReLU(), nn.Linear(16, 1), nn.Tanh())
+    critic_target = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))
+    actor_target.load_state_dict(actor.state_dict())
+    critic_target.load_state_dict(critic.state_dict())
+    actor_optim = torch.optim.Adam(actor.parameters(), lr=1e-4)
+    critic_optim = torch.optim.Adam(critic.parameters(), lr=1e-3)
+    batches = [(torch.randn(8, 3), torch.randn(8, 1), torch.randn(8, 1), torch.randn(8, 3))] * 3
+    with am.track() as trace:
+        for state_batch, action_batch, reward_batch, next_state_batch in batches:
+            with torch.no_grad():
+                next_q_values = critic_target(
+                    torch.cat([next_state_batch, actor_target(next_state_batch)], 1)
+                )
+            target_q_batch = reward_batch + 0.99 * next_q_values
+            critic.zero_grad()
+            q_batch = critic(torch.cat([state_batch, action_batch], 1))
+            value_loss = F.mse_loss(q_batch, target_q_batch)
+            value_loss.backward()
+            critic_optim.step()
+            actor.zero_grad()
+            policy_loss = -critic(torch.cat([state_batch, actor(state_batch)], 1)).mean()
+            policy_loss.backward()
+            actor_optim.step()
+            soft_update(actor_target, actor, 0.01)
+            soft_update(critic_target, critic, 0.01)
+    return trace
+
+
+# ===== pruned and masked parameters ==============================================================
+def pruned_training() -> am.Trace:
+    # pytorch/tutorials intermediate_source/pruning_tutorial.py: l1_unstructured and
+    # global_unstructured masks (forward pre-hooks), trained, then made permanent
+    seed()
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+    prune.l1_unstructured(model[0], name="weight", amount=0.3)
+    prune.global_unstructured(
+        [(model[2], "weight"), (model[2], "bias")],
+        pruning_method=prune.L1Unstructured,
+        amount=0.2,
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    data = [(torch.randn(8, 6), torch.randint(0, 3, (8,))) for _ in range(3)]
+    with am.track() as trace:
+        for x, y in data:
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+        prune.remove(model[0], "weight")
+        print(float((model[0].weight == 0).float().mean()))
+    return trace
+
+
+def lottery_ticket_masked_grads() -> am.Trace:
+    # rahulvigneswaran/Lottery-Ticket-Hypothesis-in-Pytorch main.py train(): pruned weights'
+    # gradients zeroed through NumPy and `.data` before optimizer.step()
+    seed()
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_((p.abs() > 0.1).float())
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    criterion = nn.CrossEntropyLoss()
+    EPS = 1e-6
+    data = [(torch.randn(8, 6), torch.randint(0, 3, (8,))) for _ in range(3)]
+    with am.track() as trace:
+        model.train()
+        for imgs, targets in data:
+            optimizer.zero_grad()
+            output = model(imgs)
+            train_loss = criterion(output, targets)
+            train_loss.backward()
+            for name, p in model.named_parameters():
+                if "weight" in name:
+                    tensor = p.data.cpu().numpy()
+                    grad_tensor = p.grad.data.cpu().numpy()
+                    grad_tensor = np.where(np.abs(tensor) < EPS, 0, grad_tensor)
+                    p.grad.data = torch.from_numpy(grad_tensor)
+            optimizer.step()
+    return trace
+
+
+CORRECT = [
+    Case(
+        "dqn-soft-update",
+        "pytorch/tutorials intermediate_source/reinforcement_q_learning.py (soft update)",
+        dqn_soft_update,
+        line_of=line_of,
+    ),
+    Case(
+        "ddpg-soft-update",
+        "ghliu/pytorch-ddpg ddpg.py + util.py soft_update (target_param.data.copy_)",
+        ddpg_soft_update,
+        line_of=line_of,
+    ),
+    Case(
+        "pruned-training",
+        "pytorch/tutorials intermediate_source/pruning_tutorial.py",
+        pruned_training,
+        line_of=line_of,
+    ),
+    Case(
+        "lottery-ticket-masked-grads",
+        "rahulvigneswaran/Lottery-Ticket-Hypothesis-in-Pytorch main.py train()",
+        lottery_ticket_masked_grads,
+        line_of=line_of,
+    ),
+]
+
+BROKEN: list[Case] = []
