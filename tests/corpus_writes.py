@@ -1,18 +1,21 @@
-# The loops keep their sources' own style (zip without strict=), so a user's code is what the
-# findings see.
+# The loops keep their sources' own style (zip without strict=, the deprecated add_(alpha,
+# other) overload), so a user's code is what the findings see.
 # ruff: noqa: B905
 """Corpus family (issue 35): writes to parameters and shared storage in code nobody here
-wrote. Target-network soft updates (through `state_dict()` or `.data`) and pruned and masked
-parameters: aliases nobody reads again, so no finding."""
+wrote. Target-network soft updates (through `state_dict()` or `.data`), pruned and masked
+parameters and manual SGD updates done right (no finding), and manual updates through `.data`
+under a graph a later backward still walks (one finding per update line)."""
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.nn.utils.prune as prune
-from corpus_base import Case, seed
+from corpus_base import Case, Expect, seed
 from markers import marker_lines
 
 import autograd_magic as am
@@ -154,6 +157,91 @@ def lottery_ticket_masked_grads() -> am.Trace:
     return trace
 
 
+# ===== manual SGD updates ========================================================================
+def nn_tutorial_manual_sgd() -> am.Trace:
+    # pytorch/tutorials beginner_source/nn_tutorial.py: the update under torch.no_grad()
+    seed()
+    weights = (torch.randn(6, 3) / 6**0.5).requires_grad_()
+    bias = torch.zeros(3, requires_grad=True)
+    data = [(torch.randn(8, 6), torch.randint(0, 3, (8,))) for _ in range(3)]
+    lr = 0.5
+    with am.track() as trace:
+        for xb, yb in data:
+            pred = F.log_softmax(xb @ weights + bias, dim=1)
+            loss = F.nll_loss(pred, yb)
+            loss.backward()
+            with torch.no_grad():
+                weights -= weights.grad * lr
+                bias -= bias.grad * lr
+                weights.grad.zero_()
+                bias.grad.zero_()
+    return trace
+
+
+class LSTMLM(nn.Module):
+    """pytorch/examples word_language_model/model.py RNNModel, 2-layer LSTM, shrunk."""
+
+    def __init__(self, ntoken: int = 20, ninp: int = 8, nhid: int = 8) -> None:
+        super().__init__()
+        self.encoder = nn.Embedding(ntoken, ninp)
+        self.rnn = nn.LSTM(ninp, nhid, 2)
+        self.decoder = nn.Linear(nhid, ntoken)
+
+    def forward(self, input, hidden):
+        output, hidden = self.rnn(self.encoder(input), hidden)
+        return F.log_softmax(self.decoder(output).view(-1, 20), dim=1), hidden
+
+    def init_hidden(self, bsz: int):
+        weight = next(self.parameters())
+        return (weight.new_zeros(2, bsz, 8), weight.new_zeros(2, bsz, 8))
+
+
+def word_lm_old_sgd_no_detach() -> am.Trace:
+    # pytorch/examples word_language_model/main.py (2017): p.data.add_(-lr, p.grad.data), with
+    # repackage_hidden left out and retain_graph=True to silence the error it then raises
+    seed()
+    model = LSTMLM()
+    train_data = torch.randint(0, 20, (13, 2))
+    lr = 20
+    with am.track() as trace, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the deprecated add_ overload
+        hidden = model.init_hidden(2)
+        for i in range(0, 12, 4):
+            output, hidden = model(train_data[i : i + 4], hidden)  # L:OLDSGD_HIDDEN
+            loss = F.nll_loss(output, train_data[i + 1 : i + 5].reshape(-1))
+            model.zero_grad()
+            loss.backward(retain_graph=True)  # L:OLDSGD_BACKWARD
+            for p in model.parameters():
+                p.data.add_(-lr, p.grad.data)  # L:OLDSGD_UPDATE
+    return trace
+
+
+def actor_critic_shared_trunk() -> am.Trace:
+    # discuss.pytorch.org actor-critic with a shared trunk: the actor's manual update through
+    # `.data` between the actor's and the critic's backward through one graph
+    seed()
+    trunk = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU())
+    actor, critic = nn.Linear(16, 2), nn.Linear(16, 1)
+    data = [(torch.randn(8, 4), torch.randint(0, 2, (8,)), torch.randn(8, 1)) for _ in range(3)]
+    lr = 0.01
+    with am.track() as trace:
+        for state, action, ret in data:
+            h = trunk(state)  # L:AC_TRUNK
+            log_prob = F.log_softmax(actor(h), 1).gather(1, action[:, None])
+            value = critic(h)
+            actor_loss = -(log_prob * (ret - value.detach())).mean()
+            actor_loss.backward(retain_graph=True)  # L:AC_ACTOR_BACKWARD
+            for p in trunk.parameters():
+                p.data.add_(p.grad, alpha=-lr)  # L:AC_UPDATE
+                p.grad = None
+            critic_loss = F.mse_loss(value, ret)
+            critic_loss.backward()
+            for p in [*trunk.parameters(), *critic.parameters()]:
+                p.data.add_(p.grad, alpha=-lr)
+                p.grad = None
+    return trace
+
+
 CORRECT = [
     Case(
         "dqn-soft-update",
@@ -179,6 +267,51 @@ CORRECT = [
         lottery_ticket_masked_grads,
         line_of=line_of,
     ),
+    Case(
+        "nn-tutorial-manual-sgd",
+        "pytorch/tutorials beginner_source/nn_tutorial.py (update under torch.no_grad)",
+        nn_tutorial_manual_sgd,
+        line_of=line_of,
+    ),
 ]
 
-BROKEN: list[Case] = []
+BROKEN = [
+    Case(
+        "word-lm-old-sgd-no-detach",
+        "pytorch/examples word_language_model/main.py (2017 p.data.add_) without repackage_hidden",
+        word_lm_old_sgd_no_detach,
+        (
+            Expect(
+                "graph-growth",
+                "OLDSGD_HIDDEN",
+                "hidden",
+                ("hidden = tuple(t.detach() for t in hidden)",),
+            ),
+            Expect("retained-graph", "OLDSGD_BACKWARD", "loss", ("drop retain_graph=True",)),
+            Expect(
+                "data-bypass",
+                "OLDSGD_UPDATE",
+                "model",
+                ("9 parameters of `model`", "Detaching `hidden`", "p.add_(p.grad, alpha=-lr)"),
+                ("before the forward pass",),
+            ),
+        ),
+        line_of=line_of,
+    ),
+    Case(
+        "actor-critic-shared-trunk",
+        "discuss.pytorch.org actor-critic, trunk updated through .data between two backwards",
+        actor_critic_shared_trunk,
+        (
+            Expect("retained-graph", "AC_ACTOR_BACKWARD", "actor_loss", ("sum them",)),
+            Expect(
+                "data-bypass",
+                "AC_UPDATE",
+                "trunk.2.weight",
+                ("after the last backward", "torch.no_grad()", "p.add_(p.grad, alpha=-lr)"),
+                ("before the forward pass",),
+            ),
+        ),
+        line_of=line_of,
+    ),
+]

@@ -12,6 +12,7 @@ import pytest
 
 from autograd_magic.analysis.findings import FACT_TYPES, find_facts
 from autograd_magic.analysis.findings.facts import (
+    DataUpdate,
     DataWrite,
     Fact,
     FreedBuiltOnce,
@@ -527,6 +528,43 @@ def test_a_write_inside_a_library_call_names_the_call_its_module_and_the_failed_
     assert "max_norm" in words and "`emb.weight.clone()`" in words and "line 4 failed" in words
 
 
+def test_a_manual_update_through_data_after_a_retained_backward_is_one_update_fact():
+    # GIVEN two parameters Mm saved at line 2, a backward(retain_graph=True) at line 3 that
+    # walked that node, then `p.data.add_(p.grad, alpha=-lr)` at line 4 writing both
+    t = trace(
+        nodes=[node(id=1, line=2, existed_before=True)],
+        buffers=[buffer(id=1, node=1, line=2), buffer(id=2, node=1, line=2)],
+        backward_calls=[call(seq=3, line=3, reached=[1], retain=True)],
+        version_bumps=[
+            bump(
+                label="data#1",
+                op="add_",
+                seq=4,
+                line=4,
+                hit=[1],
+                bypass=True,
+                bypassed="net.fc.weight",
+            ),
+            bump(
+                label="data#2",
+                op="add_",
+                seq=5,
+                line=4,
+                hit=[2],
+                bypass=True,
+                bypassed="net.out.weight",
+            ),
+        ],
+    )
+    retained, fact = find_facts(t)  # the retained graph is a finding of its own
+    assert type(retained) is RetainedGraph
+    assert type(fact) is DataUpdate and (fact.kind, fact.form) == ("data-bypass", "update")
+    assert (fact.line, fact.holder, fact.labels) == (4, "net", ("net.fc.weight", "net.out.weight"))
+    words = finding(fact).message
+    assert "2 parameters of `net`" in words and "torch.no_grad()" in words
+    assert "before the forward pass" not in words
+
+
 def test_a_sharer_nobody_can_read_again_is_no_shared_write():
     # GIVEN `sd = net.state_dict()` remade each iteration (line 5) and the optimizer's write to
     # the parameter at line 3 of each next iteration: the old `sd` dies or is remade
@@ -706,4 +744,4 @@ def test_every_fact_of_the_findings_corpus_words_the_same_after_json():
             assert dataclasses.asdict(again) == dataclasses.asdict(fact), name
         seen.update(type(f) for f in facts)
     assert {GraphGrowth, RetainedGraph, FreedCarried, OptimizerStep, NumpyWrite} <= seen
-    assert LibraryWrite in seen
+    assert {LibraryWrite, DataUpdate} <= seen

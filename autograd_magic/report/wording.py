@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from autograd_magic.analysis.findings.facts import (
     FACT_TYPES,
+    DataUpdate,
     DataWrite,
     Fact,
     FreedBuiltOnce,
@@ -300,6 +301,7 @@ _WORDS: dict[type[Fact], Callable[[Any], str]] = {
     LibraryWrite: write_wording.library_write,
     SharedWrite: write_wording.shared_write,
     DataWrite: write_wording.bypass,
+    DataUpdate: write_wording.data_update,
     NumpyWrite: write_wording.bypass,
     Leftover: _leftover,
     NoBackward: _no_backward,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from autograd_magic.analysis.findings.facts import (
     Bypass,
+    DataUpdate,
     InplaceWrite,
     LibraryWrite,
     NumpyWrite,
@@ -114,4 +115,35 @@ def bypass(f: Bypass) -> str:
         f"{saved_by(f.saved)}: backward will use the new values without any error, "
         f"so gradients may be silently wrong. Make the change before the forward pass, or "
         f"write under torch.no_grad() without `.data` so autograd's check can see it."
+    )
+
+
+def data_update(f: DataUpdate) -> str:
+    assert f.reference is not None
+    labels = f.labels
+    count = len(labels)
+    shown = ", ".join(f"`{n}`" for n in labels[:2]) + (", ..." if count > 2 else "")
+    if count > 1:
+        what = f"{count:,} parameters of `{f.holder}` ({shown})"
+    else:
+        what = f"`{labels[0]}`" if labels else "parameters"
+    done = (
+        f"the manual update at line {f.line}{quoted_source(f.reference)} changed {what} through "
+        f"`.data`, after {saved_by(f.saved)}; autograd's version check cannot see such a write"
+    )
+    plain = f"`{f.fix}`" if f.fix else "the same line without `.data`"
+    written = f"write the update under `with torch.no_grad():` as {plain}"
+    if f.cause is not None:
+        return (
+            f"{because(f.cause)}the next backward reaches back into that graph: {done}, so that "
+            f"backward silently uses the new values. Detaching `{carried_name(f.cause)}` fixes "
+            f"this too; then {written}, so any later write to a saved tensor raises an error "
+            f"instead of giving wrong gradients."
+        )
+    return (
+        f"{done[0].upper()}{done[1:]}, and a backward had already walked the graph and kept it "
+        f"(retain_graph=True): a later backward through it uses the new values without any "
+        f"error, so gradients may be silently wrong. Update the parameters after the last "
+        f"backward through that graph (or sum the losses and call backward once), and "
+        f"{written}, so autograd's check sees it."
     )

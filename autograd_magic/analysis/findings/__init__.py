@@ -54,7 +54,7 @@ def find_facts(trace: Trace) -> list[Fact]:
         *freed,
         *inplace_on_saved(trace, graph, cause),
         *shared_write(trace, graph),
-        *data_bypass(trace, graph),
+        *data_bypass(trace, graph, cause),
         *unused,
     ]
 

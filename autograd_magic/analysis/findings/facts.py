@@ -236,6 +236,17 @@ class DataWrite(Bypass):
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
+class DataUpdate(Bypass):
+    """A manual update step: one line wrote the parameters `labels` through `.data` after a
+    backward had walked (and retained) the graph that saved them; `fix` is that line written
+    without `.data`, when it can be."""
+
+    form: ClassVar[str] = "update"
+    labels: tuple[str, ...]
+    fix: str | None
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
 class NumpyWrite(Bypass):
     """Written through a NumPy array sharing the memory."""
 
@@ -295,6 +306,7 @@ FACT_TYPES: tuple[type[Fact], ...] = (
     LibraryWrite,
     SharedWrite,
     DataWrite,
+    DataUpdate,
     NumpyWrite,
     Leftover,
     NoBackward,

@@ -91,6 +91,21 @@ def out_of_place(site: Site, op: str) -> str | None:
     return None
 
 
+def without_data(site: Site) -> str | None:
+    """The line at `site` without `.data`, for a write under `torch.no_grad()` that autograd's
+    version check sees: `p.data.add_(-lr, p.grad.data)` -> `p.add_(p.grad, alpha=-lr)` (the
+    deprecated `add_(alpha, other)` order put right); None when the line has no `.data`."""
+    code = _code(site)
+    plain = re.sub(r"\.data(?![\w(])", "", code)
+    if plain == code:
+        return None
+    old_order = re.fullmatch(r"(.+)\.add_\(([^,()]+),\s*([\w.]+)\)", plain)
+    if old_order and "grad" in old_order.group(3) and "grad" not in old_order.group(2):
+        target, alpha, other = old_order.groups()
+        return f"{target}.add_({other}, alpha={alpha.strip()})"
+    return plain
+
+
 def without_graph(site: Site, holder: str) -> str | None:
     """How the line at `site` keeps a number or a detached value in `holder` instead of a graph:
     `total += loss` -> `total += loss.item()`; `self.mean = expr` -> `self.mean = (expr).detach()`

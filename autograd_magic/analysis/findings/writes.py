@@ -1,10 +1,12 @@
 """Facts about writes: inplace-on-saved (one per write, one per optimizer step, or a library
-function's own write), shared-write and data-bypass."""
+function's own write), shared-write and data-bypass (one per write, or one per manual update
+step)."""
 
 from __future__ import annotations
 
 from autograd_magic.analysis.findings.facts import (
     Bypass,
+    DataUpdate,
     DataWrite,
     GraphGrowth,
     InplaceWrite,
@@ -14,7 +16,12 @@ from autograd_magic.analysis.findings.facts import (
     SavedBy,
     SharedWrite,
 )
-from autograd_magic.analysis.findings.source import is_step_call, out_of_place, stepped_object
+from autograd_magic.analysis.findings.source import (
+    is_step_call,
+    out_of_place,
+    stepped_object,
+    without_data,
+)
 from autograd_magic.analysis.index import RecordIndex
 from autograd_magic.analysis.storage import storage_groups
 from autograd_magic.model.records import VersionBump
@@ -230,10 +237,13 @@ def _stale_sharers(trace: Trace, made: dict[int, tuple[str, int]]) -> set[int]:
     return stale
 
 
-def data_bypass(trace: Trace, graph: RecordIndex) -> list[Bypass]:
-    """Writes through `.data` or NumPy to memory autograd saved, invisible to its version check."""
+def data_bypass(trace: Trace, graph: RecordIndex, cause: GraphGrowth | None = None) -> list[Bypass]:
+    """Writes through `.data` or NumPy to memory autograd saved, invisible to its version check.
+    A manual update step (writes after a backward walked the graph) is one fact per line, with
+    `cause` when a carried value is why a later backward reaches that graph."""
     facts: list[Bypass] = []
     seen = set()
+    updates: dict[int, list[VersionBump]] = {}
     for bump in trace.version_bumps:
         if not (bump.bypass and bump.hit_buffers):
             continue
@@ -244,6 +254,9 @@ def data_bypass(trace: Trace, graph: RecordIndex) -> list[Bypass]:
         if (cell_line(bump.site), written) in seen:  # one buffer rewritten in a loop: one fact
             continue
         seen.add((cell_line(bump.site), written))
+        if not numpy and _after_backward(trace, graph, bump):
+            updates.setdefault(cell_line(bump.site), []).append(bump)
+            continue
         saved, buffer_ids = saved_by(graph, [bump])
         facts.append(
             (NumpyWrite if numpy else DataWrite)(
@@ -256,4 +269,48 @@ def data_bypass(trace: Trace, graph: RecordIndex) -> list[Bypass]:
                 saved=saved,
             )
         )
+    facts += [_data_update(graph, line, bumps, cause) for line, bumps in updates.items()]
     return facts
+
+
+def _after_backward(trace: Trace, graph: RecordIndex, bump: VersionBump) -> bool:
+    """Whether a backward before the write had walked a node whose saved tensor it hit: the
+    graph was backpropagated and kept, so the write is an update step, not a forward's."""
+    owners = {b.node_id for b in map(graph.buffer, bump.hit_buffers) if b and b.node_id}
+    return any(c.seq < bump.seq and owners & set(c.reached) for c in trace.backward_calls)
+
+
+def _data_update(
+    graph: RecordIndex, line: int, bumps: list[VersionBump], cause: GraphGrowth | None
+) -> DataUpdate:
+    """One fact for every parameter one manual update line wrote through `.data`."""
+    named = (user_label(b.bypassed) for b in bumps)
+    labels = tuple(dict.fromkeys(n for n in named if n))
+    saved, buffer_ids = saved_by(graph, bumps)
+    site = bumps[0].site
+    return DataUpdate(
+        line=line,
+        related_lines=saved.lines,
+        holder=_owner(labels) if labels else None,
+        cause=cause,
+        reference=site,
+        buffer_ids=buffer_ids,
+        written=f"{labels[0]}.data" if labels else "",
+        saved=saved,
+        labels=labels,
+        fix=without_data(site),
+    )
+
+
+def _owner(labels: tuple[str, ...]) -> str:
+    """What `labels` belong to: their common dotted prefix (`model` for `model.rnn.weight_ih_l0`
+    and `model.decoder.weight`), or the one label."""
+    if len(labels) == 1:
+        return labels[0]
+    parts = [label.split(".") for label in labels]
+    common = []
+    for names in zip(*parts, strict=False):
+        if len(set(names)) > 1:
+            break
+        common.append(names[0])
+    return ".".join(common) or labels[0]
