@@ -154,6 +154,16 @@ def test_version_bumps_group_by_tensor_and_op():
     )
 
 
+def test_a_write_inside_a_library_call_is_flagged_in_the_versions_table():
+    # GIVEN nn.Embedding(max_norm=1)'s F.embedding renormalizing `emb.weight` at line 7
+    trace = handmade_trace()
+    trace.version_bumps = [VersionBump("emb.weight", "embedding", 1, 2, 5, site(7), hidden=True)]
+    (row,) = versions_table(analysis(trace)).rows
+    # THEN its row names the call and says how the write was seen
+    assert row[:4] == ("emb.weight", "embedding", "line 7", "1 -> 2")
+    assert row[-1] == "written inside `embedding`: seen as its version moving across the call"
+
+
 def test_version_bumps_of_repeated_layers_and_optimizer_state_share_a_row():
     # GIVEN one Adam step over 4 layers of 2 parameters, and a 2-layer Sequential's weights
     trace = handmade_trace()

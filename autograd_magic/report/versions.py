@@ -19,7 +19,15 @@ def versions_table(analysis: Analysis) -> Table:
     # Grouped on the raw fields first (a long loop has 100,000 writes), in order of appearance.
     raw: dict[tuple, list[VersionBump]] = {}
     for bump in analysis.trace.version_bumps:
-        fields = (bump.label, bump.op, bump.site, bump.affected, bump.bypass, bump.bypassed)
+        fields = (
+            bump.label,
+            bump.op,
+            bump.site,
+            bump.affected,
+            bump.bypass,
+            bump.bypassed,
+            bump.hidden,
+        )
         raw.setdefault(fields, []).append(bump)
     groups: dict[tuple[str, ...], list[VersionBump]] = {}
     for bumps in sorted(raw.values(), key=lambda b: (_natural(b[0].label), b[0].seq)):
@@ -27,6 +35,8 @@ def versions_table(analysis: Analysis) -> Table:
         if bump.bypass:
             via = f" through {bump.bypassed}" if bump.bypassed else ""
             flag = f"BYPASS{via}: version unchanged, autograd cannot see this write"
+        elif bump.hidden:  # a library function wrote it inside its body (max_norm's renorm)
+            flag = f"written inside `{bump.op}`: seen as its version moving across the call"
         else:
             flag = ""
         key = (label_pattern(bump.label), bump.op, where(bump.site), ", ".join(bump.affected), flag)
