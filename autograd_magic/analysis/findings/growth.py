@@ -54,7 +54,9 @@ def graph_growth(trace: Trace, graph: RecordIndex) -> GraphGrowth | None:
         grew=Growth(ok[0].graph_nodes, ok[-1].graph_nodes, len(ok) + 1) if grew else None,
         is_tuple=holder is not None and is_tuple(trace, holder),
         retain_graph_used=any(c.retain_graph for c in trace.backward_calls),
-        writes_hit_saved=any(b.hit_buffers for b in trace.version_bumps),
+        # Writes autograd's check sees (an optimizer's): `.data` writes never break a backward,
+        # they are their own finding, which says that detaching fixes them too.
+        writes_hit_saved=any(b.hit_buffers and not b.bypass for b in trace.version_bumps),
     )
 
 
