@@ -201,14 +201,14 @@ def word_lm_old_sgd_no_detach() -> am.Trace:
     # repackage_hidden left out and retain_graph=True to silence the error it then raises
     seed()
     model = LSTMLM()
-    train_data = torch.randint(0, 20, (13, 2))
+    train_data = torch.randint(0, 20, (7, 2))
     lr = 20
     with am.track() as trace, warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the deprecated add_ overload
         hidden = model.init_hidden(2)
-        for i in range(0, 12, 4):
-            output, hidden = model(train_data[i : i + 4], hidden)  # L:OLDSGD_HIDDEN
-            loss = F.nll_loss(output, train_data[i + 1 : i + 5].reshape(-1))
+        for i in range(0, 6, 2):
+            output, hidden = model(train_data[i : i + 2], hidden)  # L:OLDSGD_HIDDEN
+            loss = F.nll_loss(output, train_data[i + 1 : i + 3].reshape(-1))
             model.zero_grad()
             loss.backward(retain_graph=True)  # L:OLDSGD_BACKWARD
             for p in model.parameters():
