@@ -149,6 +149,13 @@ BROKEN = [
         maml_fast_weights_carried,
         (
             Expect(
+                "graph-growth",
+                "MAML_FAST",
+                "fast_weights",
+                ("fast_weights = list(", "meta-gradient"),
+                ("detach()",),
+            ),
+            Expect(
                 "backward-through-freed",
                 "MAML_BACKWARD",
                 "loss_q",
