@@ -66,7 +66,8 @@ def _meta_params():
 
 def maml_inner_steps() -> am.Trace:
     # dragen1860/MAML-Pytorch meta.py forward(): each task starts its fast weights from the
-    # parameters, takes several inner steps, and the query losses are summed for one update
+    # parameters, takes several inner steps, and the query losses are summed for one update;
+    # second-order (create_graph=True) as tristandeleu/pytorch-maml's gradient_update_parameters
     params, meta_optim = _meta_params()
     with am.track() as trace:
         for _step in range(2):
@@ -121,7 +122,9 @@ CORRECT = [
     ),
     Case(
         "maml-inner-steps",
-        "dragen1860/MAML-Pytorch meta.py (fast weights restarted from the parameters per task)",
+        "dragen1860/MAML-Pytorch meta.py forward() (fast weights restarted from the parameters "
+        "per task, inner steps, summed query losses), create_graph=True as tristandeleu/"
+        "pytorch-maml",
         maml_inner_steps,
         line_of=line_of,
     ),
