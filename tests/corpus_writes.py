@@ -288,7 +288,7 @@ BROKEN = [
                 ("hidden = tuple(t.detach() for t in hidden)",),
                 ("optimizer's updates",),  # no optimizer: the update's own finding says it
             ),
-            Expect("retained-graph", "OLDSGD_BACKWARD", "loss", ("drop retain_graph=True",)),
+            Expect("retained-graph", "OLDSGD_BACKWARD", "hidden", ("drop retain_graph=True",)),
             Expect(
                 "data-bypass",
                 "OLDSGD_UPDATE",

@@ -1384,7 +1384,12 @@ BROKEN = [
                 "hidden",
                 ("hidden = tuple(t.detach() for t in hidden)",),
             ),
-            Expect("retained-graph", "WLMR_BACKWARD", None, ("drop retain_graph=True",)),
+            Expect(
+                "retained-graph",
+                "WLMR_BACKWARD",
+                "hidden",
+                ("drop retain_graph=True", "as long as `hidden`"),
+            ),
             Expect("inplace-on-saved", "WLMR_STEP", "opt", ("Detaching `hidden`",)),
         ),
     ),

@@ -3,8 +3,18 @@ no finding on a correct loop; on a broken one, the expected kind, line, holder a
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from findings_corpus import CASES, Case, lines_of
+
+from autograd_magic.analysis.findings import find_facts
+from autograd_magic.analysis.findings.serial import (
+    fact_to_dict,
+    facts_from_json_list,
+    facts_to_json_list,
+)
+from autograd_magic.report.wording import finding as finding_of
 
 
 def expected_rows(case: Case) -> list[tuple[str, int, str | None]]:
@@ -29,3 +39,24 @@ def test_corpus_case(name, request):
             assert words in finding.message, finding.message
         for words in expect.never:
             assert words not in finding.message, finding.message
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ppo-rollout-with-graph",
+        "r1-without-create-graph",
+        "maml-fast-weights-carried",
+        "masked-in-init",
+        "hidden-retain-graph",
+        "word-lm-retain-graph",
+    ],
+)
+def test_the_facts_of_fitting_fixes_round_trip_through_json(name):
+    # GIVEN the facts of a case whose fix depends on a field issue 35 added
+    facts = find_facts(CASES[name].loop())
+    # WHEN they go through JSON text and back
+    loaded = facts_from_json_list(json.loads(json.dumps(facts_to_json_list(facts))))
+    # THEN every field and every sentence is the same
+    assert [fact_to_dict(f) for f in loaded] == [fact_to_dict(f) for f in facts]
+    assert [finding_of(f).message for f in loaded] == [finding_of(f).message for f in facts]

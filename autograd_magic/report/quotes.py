@@ -104,6 +104,14 @@ def saved_by(saved: SavedBy) -> str:
     return f"{who} saved for backward at {line_list(saved.lines)}"
 
 
+def freed_too(what: str, nbytes: int) -> str:
+    """' what, these 2.2 KiB of saved tensors included' (what a fix frees, as measured), or
+    ' what' when nothing saved was measured."""
+    return (
+        f" {what}, these {format_bytes(nbytes)} of saved tensors included" if nbytes else f" {what}"
+    )
+
+
 def saved_bytes(nbytes: int) -> str:
     """', 4.0 KiB saved', or '' for nothing saved."""
     return ", " + format_bytes(nbytes) + " saved" if nbytes else ""

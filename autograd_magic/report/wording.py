@@ -17,6 +17,7 @@ from autograd_magic.analysis.findings.facts import (
     DataWrite,
     Fact,
     FreedBuiltOnce,
+    FreedByGrad,
     FreedByTwoLosses,
     FreedCarried,
     FreedKeptContainer,
@@ -40,6 +41,15 @@ from autograd_magic.analysis.live import NodeGrowth, built_line
 from autograd_magic.model.records import Finding
 from autograd_magic.model.units import cell_line, format_bytes
 from autograd_magic.report import write_wording
+from autograd_magic.report.fixes import (
+    fix_built_once,
+    fix_by_grad,
+    fix_carried,
+    fix_kept_container,
+    fix_two_losses,
+    fix_unshared,
+    growth_fix,
+)
 from autograd_magic.report.model import Sentence
 from autograd_magic.report.quotes import (
     CARRIED_VALUE,
@@ -47,9 +57,9 @@ from autograd_magic.report.quotes import (
     at_line,
     because,
     carried_name,
-    detached,
+    freed_too,
     line_list,
-    once_detached,
+    name_list,
     quoted_code,
     quoted_source,
     saved_bytes,
@@ -79,10 +89,12 @@ def words_of(cls: type[Fact]) -> Callable[[Any], str]:
 def _kept_chain(f: KeptChain) -> str:
     assert f.built is not None
     advice = (
-        f"Keep the value without its graph: `{f.fix}`."
+        f"Keep the value without its graph: `{f.fix}`"
         if f.fix
-        else "Keep `.detach()` of what is added instead of the tensor itself."
+        else "Keep `.detach()` of what is added instead of the tensor itself"
     )
+    # What following it saves, as measured: the chained graphs are freed step by step.
+    advice += f";{freed_too('each graph is then freed after its backward', f.nbytes)}."
     return (
         f"`{f.holder}` keeps every iteration's graph alive: {at_line(f.line, f.built)} adds "
         f"each new result to it, so {f.iterations:,} iterations' graphs ({len(f.node_ids):,} "
@@ -105,11 +117,15 @@ def _kept_container(f: KeptContainer) -> str:
     )
     taken = f"{at_line(f.line, f.reference)} keeps " if f.reference else ""
     if f.used:
-        fix = "Keep `.item()` (a number) or `.detach()` of the value instead of the tensor itself."
-    else:  # outputs no backward used: the graph was never needed
         fix = (
-            "No backward used them: compute them under `torch.no_grad()`, or keep "
-            "`.detach()` of each."
+            "Keep `.item()` (a number) or `.detach()` of the value instead of the tensor "
+            f"itself:{freed_too('each graph is then freed at its step', f.nbytes)}."
+        )
+    else:  # outputs no backward walked (inference with grad on): the graph was never needed
+        never = freed_too("their graphs are never built", f.nbytes)
+        fix = (
+            "No backward used them: run the code that computes them under `torch.no_grad()` "
+            f"(or `torch.inference_mode()`), so{never}; or keep `.detach()` of each."
         )
     return (
         f"`{path}` holds {what} ({len(f.node_ids):,} nodes{saved}): {taken}what line "
@@ -186,31 +202,38 @@ def _growth(f: GraphGrowth) -> str:
     return (
         f"Each iteration's graph links to the previous one through `{holder}`, carried at line "
         f"{f.line}{quoted_source(f.built)}: the backward at line {cell_line(f.reference)} walked "
-        f"{f.earlier_nodes} nodes from earlier iterations{grew_text}. Detach the "
-        f"carried value once per iteration, before it is used again: "
-        f"`{detached(holder, f.is_tuple)}`" + once_detached(f.retain_graph_used, f.writes_hit_saved)
+        f"{f.earlier_nodes} nodes from earlier iterations{grew_text}. {growth_fix(f)}"
     )
 
 
 def _retained(f: RetainedGraph) -> str:
     assert f.reference is not None
     keeper = f" as long as `{f.holder}` is alive" if f.holder else " until the graph is dropped"
+    if f.also_held_by:
+        keeper += f" (and {name_list((f'`{h}`' for h in f.also_held_by), 'variables')})"
+    if f.root_holder:  # the backpropagated root is not what keeps most of them
+        keeper += (
+            f" (dropping `{f.root_holder}` alone frees only "
+            f"{format_bytes(f.root_only_bytes)} of them)"
+        )
     kept_text = (
         f"{format_bytes(f.nbytes)} of saved tensors ({len(f.buffer_ids):,} buffers, saved at "
         f"{line_list(f.related_lines)}) that no later backward released; they stay in "
         f"memory{keeper}."
     )
     call_text = f.reference.describe() + quoted_code(f.reference, f.times)
+    # What the fix saves, as measured: each backward then frees these saved tensors.
+    saves = f"each backward then frees what it walks, these {format_bytes(f.nbytes)} included"
     if f.cause is not None:
         return (
             f"{because(f.cause)}each backward reaches back into it, which is why "
             f"backward(retain_graph=True) at {call_text} seemed needed. It kept {kept_text} "
-            f"Once `{carried_name(f.cause)}` is detached, drop retain_graph=True."
+            f"Once `{carried_name(f.cause)}` is detached, drop retain_graph=True: {saves}."
         )
     return (
         f"backward(retain_graph=True) at {call_text} kept {kept_text} If you "
-        f"backpropagate once, drop retain_graph=True; for several losses, sum them and "
-        f"call backward once."
+        f"backpropagate once, drop retain_graph=True ({saves}); for several losses, sum them "
+        f"and call backward once."
     )
 
 
@@ -239,63 +262,18 @@ def _freed_twice(fix: Callable[[F], str]) -> Callable[[F], str]:
     return words
 
 
-def _fix_two_losses(f: FreedByTwoLosses) -> str:
-    first, name, releaser = f.first, f.holder, f.releaser
-    assert releaser is not None  # two losses: an earlier backward freed the shared part
-    total = f"({first} + {name})" if first and name and first != name else "(loss1 + loss2)"
-    return (
-        f"Passing retain_graph=True at line {cell_line(releaser)} would keep them (and "
-        f"their memory) until this call; the usual better fix is one backward over the sum, "
-        f"`{total}.backward()`."
-    )
-
-
-def _fix_carried(f: FreedCarried) -> str:
-    return (
-        f"The shared part is a value carried across iterations (line "
-        f"{f.carried_line}): detach it once per iteration "
-        f"(`{detached(f.carried, f.is_tuple)}`) rather than passing "
-        "retain_graph=True, which would keep every iteration's graph alive."
-    )
-
-
-def _fix_kept_container(f: FreedKeptContainer) -> str:
-    container = f.container
-    return (
-        f"The freed part is reached through `{container}`, which still holds results of "
-        f"iterations an earlier backward already used: empty it after each backward "
-        f"(`del {container}[:]`), so each loss is built only from the current iteration."
-    )
-
-
-def _fix_unshared(f: FreedUnshared) -> str:
-    return (
-        "Pass retain_graph=True to the earlier backward, or sum the losses and call backward once."
-    )
-
-
-def _fix_built_once(f: FreedBuiltOnce) -> str:
-    widest = f.widest
-    value = f"`{widest}`" if widest else "it"
-    return (
-        f"The shared part was built once ({line_list(f.built_lines)}) and is "
-        f"reused by every later backward: if no gradient should flow into it, detach "
-        f"{value} (or build it under `torch.no_grad()`); if one should, rebuild it before each "
-        "backward."
-    )
-
-
 # Each form's words, keyed by its fact class (each function takes that class).
 _WORDS: dict[type[Fact], Callable[[Any], str]] = {
     KeptChain: _kept_chain,
     KeptContainer: _kept_container,
     GraphGrowth: _growth,
     RetainedGraph: _retained,
-    FreedByTwoLosses: _freed_twice(_fix_two_losses),
-    FreedCarried: _freed_twice(_fix_carried),
-    FreedKeptContainer: _freed_twice(_fix_kept_container),
-    FreedUnshared: _freed_twice(_fix_unshared),
-    FreedBuiltOnce: _freed_twice(_fix_built_once),
+    FreedByTwoLosses: _freed_twice(fix_two_losses),
+    FreedCarried: _freed_twice(fix_carried),
+    FreedKeptContainer: _freed_twice(fix_kept_container),
+    FreedByGrad: _freed_twice(fix_by_grad),
+    FreedUnshared: _freed_twice(fix_unshared),
+    FreedBuiltOnce: _freed_twice(fix_built_once),
     InplaceWrite: write_wording.inplace,
     OptimizerStep: write_wording.optimizer_step,
     LibraryWrite: write_wording.library_write,

@@ -16,12 +16,9 @@ from autograd_magic.analysis.findings.facts import (
     Leftover,
     SavedBy,
 )
-from autograd_magic.analysis.findings.growth import (
-    backward_through_freed,
-    graph_growth,
-    retained_graph,
-)
+from autograd_magic.analysis.findings.growth import backward_through_freed, graph_growth
 from autograd_magic.analysis.findings.lifetime import kept_alive, unused_graph
+from autograd_magic.analysis.findings.retained import retained_graph
 from autograd_magic.analysis.findings.writes import data_bypass, inplace_on_saved, shared_write
 from autograd_magic.analysis.index import RecordIndex
 from autograd_magic.model.records import FindingKind

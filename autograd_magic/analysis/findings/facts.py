@@ -73,8 +73,8 @@ class KeptChain(Fact):
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class KeptContainer(Fact):
-    """Container elements or attributes holding `roots` graph roots; `used`: a backward used
-    them (else the graphs were never needed)."""
+    """Container elements or attributes holding `roots` graph roots; `used`: a backward walked
+    them (else the graphs were never needed: outputs of a forward that only infers)."""
 
     kind: ClassVar[FindingKind] = "kept-alive"
     form: ClassVar[str] = "container"
@@ -88,7 +88,9 @@ class GraphGrowth(Fact):
     """A value carried across iterations links each graph to the previous one (the root
     cause). `earlier_nodes`: what the last such backward walked of earlier iterations;
     `is_tuple`: the holder is a tuple (an LSTM's `(h, c)`); `retain_graph_used` and
-    `writes_hit_saved`: what detaching also fixes."""
+    `writes_hit_saved`: what detaching also fixes; `fast_weights`: the carried value is made
+    from gradients taken with create_graph=True (MAML's fast weights), so detaching it would
+    cut the meta-gradient and restarting it from the parameters is the fix."""
 
     kind: ClassVar[FindingKind] = "graph-growth"
     form: ClassVar[str] = "carried"
@@ -97,16 +99,24 @@ class GraphGrowth(Fact):
     is_tuple: bool
     retain_graph_used: bool
     writes_hit_saved: bool
+    fast_weights: bool = False
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class RetainedGraph(Fact):
     """`retain_graph=True` at one line kept saved tensors no later backward released; `times`
-    counts the calls of that line (a failed one too)."""
+    counts the calls of that line (a failed one too). `holder` is the variable whose graph
+    keeps most of them (a carried `hidden` rather than the `loss` rebound at every step) and
+    `also_held_by` others that reach most of them too; `root_holder` holds the root that was
+    backpropagated, when another variable is `holder`, and `root_only_bytes` is what dropping
+    `root_holder` alone frees."""
 
     kind: ClassVar[FindingKind] = "retained-graph"
     form: ClassVar[str] = "retained"
     times: int
+    also_held_by: tuple[str, ...] = ()
+    root_holder: str | None = None
+    root_only_bytes: int = 0
 
 
 # ----- backward-through-freed --------------------------------------------------------------
@@ -134,20 +144,34 @@ class FreedByTwoLosses(FreedTwice):
 @dataclass(frozen=True, eq=False, kw_only=True)
 class FreedCarried(FreedTwice):
     """The shared part is a value carried across iterations (`carried`, made at
-    `carried_line`)."""
+    `carried_line`); `fast_weights`: made from gradients taken with create_graph=True, as
+    `GraphGrowth.fast_weights`."""
 
     form: ClassVar[str] = "carried"
     carried_line: int
     carried: str
     is_tuple: bool
+    fast_weights: bool = False
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class FreedKeptContainer(FreedTwice):
-    """Results of earlier iterations kept in `container` reach the next loss."""
+    """Results kept in `container` reach the next loss. `refilled`: it gained elements after
+    the backward that freed them (REINFORCE's list never emptied: empty it); else it is data
+    collected once and read by several backwards (a PPO rollout reused over epochs: collect it
+    without graphs)."""
 
     form: ClassVar[str] = "kept-container"
     container: str
+    refilled: bool = True
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class FreedByGrad(FreedTwice):
+    """`torch.autograd.grad` without create_graph=True (`releaser`) freed a graph the loss
+    built from its result needs again (a gradient penalty: R1, WGAN-GP)."""
+
+    form: ClassVar[str] = "by-grad"
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -160,10 +184,13 @@ class FreedUnshared(FreedTwice):
 @dataclass(frozen=True, eq=False, kw_only=True)
 class FreedBuiltOnce(FreedTwice):
     """The shared part was built once and reused by every later backward; `widest` is the
-    variable bound to most of it, when one is."""
+    variable bound to most of it, when one is; `trains`: it is cached on an object and made
+    from leaves whose gradient is accumulated (a module's parameters), so it must be rebuilt
+    where it is used, not detached."""
 
     form: ClassVar[str] = "built-once"
     widest: str | None
+    trains: bool = False
 
 
 # ----- writes ------------------------------------------------------------------------------
@@ -299,6 +326,7 @@ FACT_TYPES: tuple[type[Fact], ...] = (
     FreedByTwoLosses,
     FreedCarried,
     FreedKeptContainer,
+    FreedByGrad,
     FreedUnshared,
     FreedBuiltOnce,
     InplaceWrite,

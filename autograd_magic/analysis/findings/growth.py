@@ -1,5 +1,5 @@
 """Facts about graphs that reach across iterations or backward calls: graph-growth (the root
-cause), retained-graph and backward-through-freed."""
+cause) and backward-through-freed (`retained.py` has retained-graph)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import TypedDict
 
 from autograd_magic.analysis.findings.facts import (
     FreedBuiltOnce,
+    FreedByGrad,
     FreedByTwoLosses,
     FreedCarried,
     FreedKeptContainer,
@@ -15,11 +16,10 @@ from autograd_magic.analysis.findings.facts import (
     FreedUnshared,
     GraphGrowth,
     Growth,
-    RetainedGraph,
 )
 from autograd_magic.analysis.findings.lifetime import holder_group, root_name
 from autograd_magic.analysis.findings.source import backward_receiver, reads_itself
-from autograd_magic.analysis.index import RecordIndex, retained_bytes_of
+from autograd_magic.analysis.index import RecordIndex
 from autograd_magic.model.records import BackwardCall, NodeRecord, Site
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import ACCUMULATE_GRAD, cell_line
@@ -53,10 +53,28 @@ def graph_growth(trace: Trace, graph: RecordIndex) -> GraphGrowth | None:
         earlier_nodes=calls[-1].earlier_nodes,
         grew=Growth(ok[0].graph_nodes, ok[-1].graph_nodes, len(ok) + 1) if grew else None,
         is_tuple=holder is not None and is_tuple(trace, holder),
-        retain_graph_used=any(c.retain_graph for c in trace.backward_calls),
+        # create_graph=True retains on purpose: only an explicit retain_graph=True is a workaround.
+        retain_graph_used=any(c.retain_graph and not c.create_graph for c in trace.backward_calls),
         # Writes autograd's check sees (an optimizer's): `.data` writes never break a backward,
         # they are their own finding, which says that detaching fixes them too.
         writes_hit_saved=any(b.hit_buffers and not b.bypass for b in trace.version_bumps),
+        fast_weights=from_gradients(trace, site),
+    )
+
+
+def from_gradients(trace: Trace, site: Site) -> bool:
+    """Whether the value made at `site` is computed from gradients that a
+    `torch.autograd.grad(create_graph=True)` made (MAML's `w - lr * g`): its nodes' inputs
+    include nodes born during such a call, at that call's line."""
+    grad_sites = {c.site for c in trace.backward_calls if c.kind == "grad" and c.create_graph}
+    if not grad_sites:
+        return False
+    by_id = {n.id: n for n in trace.nodes}
+    return any(
+        (child := by_id.get(c)) is not None and child.born_site in grad_sites
+        for n in trace.nodes
+        if n.born_site == site
+        for c in n.next_ids
     )
 
 
@@ -137,51 +155,6 @@ def _carried_holder(trace: Trace, graph: RecordIndex, site: Site) -> str | None:
         if reads_itself(name, site):
             return name
     return names[0] if names else None
-
-
-# ----- retained-graph ---------------------------------------------------------------------
-def retained_graph(
-    trace: Trace, graph: RecordIndex, cause: GraphGrowth | None
-) -> list[RetainedGraph]:
-    """`retain_graph=True` calls whose kept buffers no later backward released; `cause` is the
-    graph-growth fact that made them seem needed, when there is one."""
-    retained: list[BackwardCall] = []
-    later: set[int] = set()  # nodes reached by the calls after the one looked at
-    for call in reversed(trace.backward_calls):
-        # create_graph=True retains on purpose, for the backward through the gradients; and a
-        # retained graph a later backward walked again (a GAN's generator step) was needed:
-        # without a carried value behind it, what broke there is the cause, not the retain.
-        if (
-            call.retain_graph
-            and not call.create_graph
-            and (cause or later.isdisjoint(call.reached))
-        ):
-            retained.append(call)
-        later.update(call.reached)
-    by_line: dict[int, list[BackwardCall]] = {}
-    for call in reversed(retained):
-        by_line.setdefault(cell_line(call.site), []).append(call)
-    facts = []
-    for line, every in by_line.items():
-        calls = [c for c in every if c.error is None and c.reached]
-        kept = graph.buffers_of({n for c in calls for n in c.reached}, live=True)
-        nbytes = retained_bytes_of(kept)
-        if not nbytes:
-            continue
-        facts.append(
-            RetainedGraph(
-                line=line,
-                related_lines=tuple(sorted({cell_line(b.saved_site) for b in kept})),
-                holder=root_name(trace, calls[-1].root_ids),
-                nbytes=nbytes,
-                cause=cause,
-                reference=calls[-1].site,
-                buffer_ids=tuple(b.id for b in kept),
-                # Every call counts, the one that raised too: the user ran the line that often.
-                times=len(every),
-            )
-        )
-    return facts
 
 
 # ----- backward-through-freed -------------------------------------------------------------
@@ -292,26 +265,70 @@ def _with_fix(
 ) -> FreedTwice:
     """The fact of the form whose usual fix applies, by how the graphs came to share a part."""
     roots = [n for n in map(graph.node, call.root_ids) if n is not None]
+    if releaser is not None and releaser.kind == "grad" and not releaser.create_graph:
+        # torch.autograd.grad freed the graph a loss made from its result walks again (a
+        # gradient penalty): create_graph=True keeps it and lets the penalty train.
+        return FreedByGrad(**fields)
     if releaser is not None and roots and all(r.born_seq < releaser.seq for r in roots):
         # Two losses from one forward, backpropagated one after the other.
         return FreedByTwoLosses(**fields, first=root_name(trace, releaser.root_ids))
     container = _kept_container(trace, shared)
     if container is not None:
-        # Results of earlier iterations kept in a list reach the next loss (REINFORCE's
-        # `saved_log_probs` never emptied): the list is the cause, not a carried variable.
-        return FreedKeptContainer(**fields, container=container)
+        # Results kept in a list reach the next loss: REINFORCE's `saved_log_probs` never
+        # emptied, or a PPO rollout kept with its graphs and read again by every epoch.
+        refilled = releaser is None or _filled_after(trace, graph, container, releaser.seq)
+        return FreedKeptContainer(**fields, container=container, refilled=refilled)
     carried = [n.born_site for n in shared if _built_in_two_epochs(trace, graph, n.born_site)]
     if carried:
-        holder = _carried_holder(trace, graph, carried[-1]) or "h"
+        site, holder = _carried_site(trace, graph, carried)
         return FreedCarried(
             **fields,
-            carried_line=cell_line(carried[-1]),
+            carried_line=cell_line(site),
             carried=holder,
             is_tuple=is_tuple(trace, holder),
+            fast_weights=from_gradients(trace, site),
         )
     if not shared:
         return FreedUnshared(**fields)
-    return FreedBuiltOnce(**fields, widest=_widest_holder(trace, graph, shared))
+    widest = _widest_holder(trace, graph, shared)
+    return FreedBuiltOnce(
+        **fields, widest=widest, trains=_cached_from_leaves(graph, shared, widest)
+    )
+
+
+def _cached_from_leaves(graph: RecordIndex, shared: list[NodeRecord], widest: str | None) -> bool:
+    """Whether the shared part is a tensor cached on an object (`model.0.masked_weight`, set in
+    `__init__`) computed from leaves whose gradient is accumulated: a module's parameters,
+    which detaching it would stop training. A plain variable (a target made from an input
+    that requires grad by mistake) is not: there detaching fits."""
+    if widest is None or "." not in widest:
+        return False
+    ids = {n.id for n in shared}
+    return any(
+        (leaf := graph.node(c)) is not None and leaf.name == ACCUMULATE_GRAD
+        for n in shared
+        for c in n.next_ids
+        if c not in ids
+    )
+
+
+def _filled_after(trace: Trace, graph: RecordIndex, container: str, seq: int) -> bool:
+    """Whether `container` holds a graph made after event `seq` (it was filled again)."""
+    return any(
+        (node := graph.node(h.node_id)) is not None and node.born_seq > seq
+        for h in trace.holders
+        if holder_group(h.path) == container
+    )
+
+
+def _carried_site(trace: Trace, graph: RecordIndex, sites: list[Site]) -> tuple[Site, str]:
+    """The carried site and its variable: the last one whose line reads the variable it makes
+    (`h = rnn(x, h)`), else the last site."""
+    for site in reversed(dict.fromkeys(sites)):
+        holder = _carried_holder(trace, graph, site)
+        if holder is not None and reads_itself(holder, site):
+            return site, holder
+    return sites[-1], _carried_holder(trace, graph, sites[-1]) or "h"
 
 
 def _widest_holder(trace: Trace, graph: RecordIndex, shared: list[NodeRecord]) -> str | None:

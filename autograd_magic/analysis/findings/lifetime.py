@@ -106,14 +106,19 @@ def _kept_alive_container(
     nodes = graph.live_reach(n.id for n in roots)
     if all((n := graph.node(i)) is not None and n.name == ACCUMULATE_GRAD for i in nodes):
         return None
-    used = any((n := graph.node(i)) is not None and n.reached_by is not None for i in nodes) or any(
+    walked = [n for n in map(graph.node, nodes) if n is not None and n.reached_by is not None]
+    # The parameters' accumulators are walked by training whatever the outputs were for: only
+    # a walk through the outputs' own nodes says a backward used them.
+    used = any(n.name != ACCUMULATE_GRAD for n in walked)
+    # Kept past a backward (that walked part of it, or ran after it was built).
+    outlived = bool(walked) or any(
         graph.epoch(r.born_seq) < len(graph.backward_seqs) for r in roots
     )
     nbytes = retained_bytes_of(graph.buffers_of(nodes, live=True))
     epochs = {graph.epoch(r.born_seq) for r in roots}
-    grows = len(epochs) > 1 or (not used and len(roots) > 1)
+    grows = len(epochs) > 1 or (not outlived and len(roots) > 1)
     # The last iteration's own result holding its own, already released graph is normal.
-    if not grows and not (used and nbytes):
+    if not grows and not (outlived and nbytes):
         return None
     first = min(roots, key=lambda n: n.born_seq)
     computed = cell_line(first.born_site)
