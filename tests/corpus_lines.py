@@ -453,7 +453,6 @@ BROKEN = [
             Expect("inplace-on-saved", "CRASH_CLAMP", "output", ("output = output.clamp(",)),
             Expect("unused-graph", "CRASH_FAKE", "fake", ("the error",), ("no_grad",)),
         ),
-        known_gap="the graph the crash left unused comes before the crash",
         line_of=line_of,
     ),
     Case(
@@ -463,10 +462,9 @@ BROKEN = [
         (
             Expect("retained-graph", "MT_RETAIN", "loss_b", ("drop retain_graph=True",)),
             Expect(
-                "kept-alive", "MT_SUM", "running_loss", ("retain_graph=True at line", ".item()")
+                "kept-alive", "MT_SUM", "running_loss", ("retain_graph=True) at line", ".item()")
             ),
         ),
-        known_gap="what retain_graph=True keeps comes first, not the retain",
         line_of=line_of,
     ),
 ]

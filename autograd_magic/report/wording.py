@@ -33,11 +33,11 @@ from autograd_magic.analysis.findings.facts import (
     OptimizerStep,
     RetainedGraph,
     SharedWrite,
-    UnusedGraphs,
 )
 from autograd_magic.analysis.live import NodeGrowth, built_line
 from autograd_magic.model.records import Finding
 from autograd_magic.model.units import cell_line, format_bytes
+from autograd_magic.report import lifetime_words
 from autograd_magic.report.model import Sentence
 from autograd_magic.report.quotes import (
     CARRIED_VALUE,
@@ -52,9 +52,7 @@ from autograd_magic.report.quotes import (
     quoted_code,
     quoted_source,
     saved_by,
-    saved_bytes,
     then_fails,
-    which_graphs,
 )
 
 F = TypeVar("F", bound=Fact)
@@ -74,104 +72,6 @@ def finding(fact: Fact) -> Finding:
 def words_of(cls: type[Fact]) -> Callable[[Any], str]:
     """The wording function of a fact class; KeyError for a class that is not a form."""
     return _WORDS[cls]
-
-
-# ----- kept-alive and unused-graph ----------------------------------------------------------
-def _kept_chain(f: KeptChain) -> str:
-    assert f.built is not None
-    advice = (
-        f"Keep the value without its graph: `{f.fix}`."
-        if f.fix
-        else "Keep `.detach()` of what is added instead of the tensor itself."
-    )
-    return (
-        f"`{f.holder}` keeps every iteration's graph alive: {at_line(f.line, f.built)} adds "
-        f"each new result to it, so {f.iterations:,} iterations' graphs ({len(f.node_ids):,} "
-        f"nodes{saved_bytes(f.nbytes)}) are chained together and never freed. {advice}"
-    )
-
-
-def _kept_container(f: KeptContainer) -> str:
-    assert f.built is not None
-    roots, path = f.roots, f.holder
-    saved = (
-        f", {format_bytes(f.nbytes)} of saved tensors"
-        if f.nbytes
-        else "; a backward already released their saved tensors, so only the nodes remain"
-    )
-    what = (
-        f"{roots:,} tensors that still carry their autograd graphs"
-        if roots > 1
-        else "a tensor that still carries its autograd graph"
-    )
-    taken = f"{at_line(f.line, f.reference)} keeps " if f.reference else ""
-    if f.used:
-        fix = "Keep `.item()` (a number) or `.detach()` of the value instead of the tensor itself."
-    else:  # outputs no backward used: the graph was never needed
-        fix = (
-            "No backward used them: compute them under `torch.no_grad()`, or keep "
-            "`.detach()` of each."
-        )
-    return (
-        f"`{path}` holds {what} ({len(f.node_ids):,} nodes{saved}): {taken}what line "
-        f"{cell_line(f.built)}{quoted_source(f.built)} computed; the graphs stay in memory as "
-        f"long as `{path}` does. {fix}"
-    )
-
-
-def _leftover(f: Leftover) -> str:
-    assert f.built is not None and f.reference is not None
-    return (
-        f"`{f.holder}` still holds {f.results:,} results of line {f.line}"
-        f"{quoted_source(f.built)} made after the last backward (line "
-        f"{cell_line(f.reference)}): no backward used them, so they add nothing to the gradients "
-        f"({len(f.node_ids):,} nodes{saved_bytes(f.nbytes)}) and are dropped when "
-        f"`{f.holder}` is rebound. If a partial batch is left at the end of the loop, call "
-        f"backward on it too."
-    )
-
-
-def _held(f: UnusedGraphs) -> str:
-    """' `first` still holds the first, `p` the last.': who holds which of the graphs."""
-    if not f.held:
-        return ""
-    graphs = f.graphs
-    holds = f.holds or ((f.holder, (graphs - 1,)),)
-    said = [f"`{path}` {which_graphs(ranks, graphs)}" for path, ranks in holds[:3]]
-    return (
-        " " + said[0].replace("` ", "` still holds ", 1) + "".join(f", {s}" for s in said[1:]) + "."
-    )
-
-
-def _no_backward(f: NoBackward) -> str:
-    assert f.built is not None
-    graphs = f.graphs
-    return (
-        f"Line {f.line}{quoted_source(f.built)} built {graphs:,} autograd graph"
-        f"{'s' if graphs > 1 else ''} that no backward used, saving up to "
-        f"{format_bytes(f.nbytes)} of tensors each for a backward that never came. For "
-        f"inference, run it under `with torch.no_grad():` (or `torch.inference_mode()`); if you "
-        f"call backward later, in another cell, ignore this.{_held(f)}"
-    )
-
-
-def _never_reached(f: NeverReached) -> str:
-    assert f.built is not None
-    graphs, where = f.graphs, f.freed_at
-    many = graphs > 1
-    when = (
-        f", {'most ' if many else ''}at line {where}, when the value holding it was rebound or "
-        "dropped"
-        if where
-        else ""
-    )
-    return (
-        f"{graphs:,} graph{'s' if many else ''} built at line {f.line}"
-        f"{quoted_source(f.built)} never reached a backward; {'each' if many else 'it'} was "
-        f"freed with its output{when}, holding up to {format_bytes(f.nbytes)} of saved tensors "
-        f"until then. If you only need those values, compute them under `torch.no_grad()`."
-        f"{_held(f)}"
-    )
 
 
 # ----- graph-growth, retained-graph, backward-through-freed ---------------------------------
@@ -195,7 +95,13 @@ def _growth(f: GraphGrowth) -> str:
 
 def _retained(f: RetainedGraph) -> str:
     assert f.reference is not None
-    keeper = f" as long as `{f.holder}` is alive" if f.holder else " until the graph is dropped"
+    keeper = (
+        f" as long as `{f.kept_by}` keeps their graphs (said below)"
+        if f.kept_by
+        else f" as long as `{f.holder}` is alive"
+        if f.holder
+        else " until the graph is dropped"
+    )
     kept_text = (
         f"{format_bytes(f.nbytes)} of saved tensors ({len(f.buffer_ids):,} buffers, saved at "
         f"{line_list(f.related_lines)}) that no later backward released; they stay in "
@@ -356,8 +262,8 @@ def _bypass(f: Bypass) -> str:
 
 # Each form's words, keyed by its fact class (each function takes that class).
 _WORDS: dict[type[Fact], Callable[[Any], str]] = {
-    KeptChain: _kept_chain,
-    KeptContainer: _kept_container,
+    KeptChain: lifetime_words.kept_chain,
+    KeptContainer: lifetime_words.kept_container,
     GraphGrowth: _growth,
     RetainedGraph: _retained,
     FreedByTwoLosses: _freed_twice(_fix_two_losses),
@@ -370,9 +276,9 @@ _WORDS: dict[type[Fact], Callable[[Any], str]] = {
     SharedWrite: _shared_write,
     DataWrite: _bypass,
     NumpyWrite: _bypass,
-    Leftover: _leftover,
-    NoBackward: _no_backward,
-    NeverReached: _never_reached,
+    Leftover: lifetime_words.leftover,
+    NoBackward: lifetime_words.no_backward,
+    NeverReached: lifetime_words.never_reached,
 }
 if set(_WORDS) != set(FACT_TYPES):  # a form without words (or words without a form)
     raise RuntimeError(

@@ -69,6 +69,7 @@ class KeptChain(Fact):
     kind: ClassVar[FindingKind] = "kept-alive"
     form: ClassVar[str] = "chain"
     fix: str | None
+    retained_at: Site | None = None  # the retain_graph=True backward that kept their saved memory
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -80,6 +81,7 @@ class KeptContainer(Fact):
     form: ClassVar[str] = "container"
     roots: int
     used: bool
+    retained_at: Site | None = None  # the retain_graph=True backward that kept their saved memory
 
 
 # ----- graph-growth, retained-graph --------------------------------------------------------
@@ -107,6 +109,7 @@ class RetainedGraph(Fact):
     kind: ClassVar[FindingKind] = "retained-graph"
     form: ClassVar[str] = "retained"
     times: int
+    kept_by: str | None = None  # the variable keeping those graphs alive (a finding of its own)
 
 
 # ----- backward-through-freed --------------------------------------------------------------
@@ -245,6 +248,9 @@ class UnusedGraphs(Fact):
     graphs: int
     held: bool
     holds: tuple[tuple[str, tuple[int, ...]], ...]
+    # The error that ended the step before any backward could use them (a consequence of the
+    # crash, said after its cause); None when no crash explains them.
+    crashed: Site | None = None
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)

@@ -146,16 +146,15 @@ def retained_graph(
     retained: list[BackwardCall] = []
     later: set[int] = set()  # nodes reached by the calls after the one looked at
     for call in reversed(trace.backward_calls):
+        # Every iteration's graph ends in the same parameters' AccumulateGrad: reaching those
+        # again is no reuse of this call's graph.
+        reached = [i for i in call.reached if not _accumulator(graph, i)]
         # create_graph=True retains on purpose, for the backward through the gradients; and a
         # retained graph a later backward walked again (a GAN's generator step) was needed:
         # without a carried value behind it, what broke there is the cause, not the retain.
-        if (
-            call.retain_graph
-            and not call.create_graph
-            and (cause or later.isdisjoint(call.reached))
-        ):
+        if call.retain_graph and not call.create_graph and (cause or later.isdisjoint(reached)):
             retained.append(call)
-        later.update(call.reached)
+        later.update(reached)
     by_line: dict[int, list[BackwardCall]] = {}
     for call in reversed(retained):
         by_line.setdefault(cell_line(call.site), []).append(call)
@@ -180,6 +179,11 @@ def retained_graph(
             )
         )
     return facts
+
+
+def _accumulator(graph: RecordIndex, node_id: int) -> bool:
+    node = graph.node(node_id)
+    return node is not None and node.name == ACCUMULATE_GRAD
 
 
 # ----- backward-through-freed -------------------------------------------------------------
