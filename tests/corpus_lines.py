@@ -426,7 +426,6 @@ BROKEN = [
                 ("tensor#",),
             ),
         ),
-        known_gap="a local of forward reads `tensor#1`; saved at the call site's line",
         line_of=line_of,
     ),
     Case(
@@ -442,7 +441,6 @@ BROKEN = [
                 ("tensor#",),
             ),
         ),
-        known_gap="a local of forward reads `tensor#1`; saved at the call site's line",
         line_of=line_of,
     ),
     Case(

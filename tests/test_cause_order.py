@@ -64,3 +64,60 @@ def test_retain_graph_on_each_loss_comes_before_what_it_keeps(shell):
     assert "because backward(retain_graph=True) at line 8" in found[1].message
     for name in ("w", "total", "y", "loss1", "loss2", "step"):
         shell.user_ns.pop(name, None)
+
+
+NET = """\
+import torch.nn as nn
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(6, 8)
+        self.bias = nn.Parameter(torch.zeros(8))
+    def forward(self, x):
+        out = torch.sigmoid(self.fc1(x))
+        out += self.bias
+        return out.sum()
+"""
+LOOP = """\
+model = Net()
+for step in range(2):
+    loss = model(torch.rand(4, 6))
+    loss.backward()
+"""
+CELL_NAMES = ("nn", "Net", "model", "step", "loss")
+
+
+def test_a_write_in_a_forward_defined_in_the_cell_is_said_at_its_own_line(shell):
+    # GIVEN a cell defining a module whose forward adds a bias in place to sigmoid's output
+    result, _ = run(shell, "%%trackgraph --text -o tr\n" + NET + LOOP)
+    assert not result.success
+    (found,) = shell.user_ns.pop("tr").findings
+    # THEN the finding is at the write in forward (line 9), the call (line 13) as context,
+    # the local named with its function, and no line said twice
+    assert (found.kind, found.line, found.holder) == ("inplace-on-saved", 9, "out")
+    assert found.related_lines == (8, 13)
+    assert "`out` in `Net.forward` at line 9 (`out += self.bias`), called at line 13" in (
+        found.message
+    )
+    assert "saved for backward at line 8;" in found.message
+    assert "tensor#" not in found.message
+    for name in CELL_NAMES:
+        shell.user_ns.pop(name, None)
+
+
+def test_a_line_of_an_earlier_cell_says_which_cell(shell):
+    # GIVEN the module defined in one cell and trained in the next
+    assert shell.run_cell(NET, store_history=True).success
+    net_cell = shell.execution_count - 1
+    result, captured = run(shell, "%%trackgraph --text -o tr\n" + LOOP)
+    assert not result.success
+    (found,) = shell.user_ns.pop("tr").findings
+    # THEN the finding points at this cell's call and says where the write is
+    assert (found.kind, found.line, found.holder) == ("inplace-on-saved", 3, "out")
+    assert f"at line 9 in cell In [{net_cell}] (`out += self.bias`), called at line 3" in (
+        found.message
+    )
+    # AND the Buffers table says which cell a saved tensor's line is in
+    assert f"line 8 of cell In [{net_cell}]" in captured.stdout
+    for name in CELL_NAMES:
+        shell.user_ns.pop(name, None)

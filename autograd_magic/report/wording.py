@@ -201,9 +201,13 @@ def _inplace(f: InplaceWrite) -> str:
         else "Use the out-of-place form of the operation (inplace=False for a layer), or "
         "`.clone()` the tensor before writing to it."
     )
+    who = f"`{f.holder}`" + (f" in `{f.scope}`" if f.scope else "")
+    called = f.reference.outer_line not in (None, f.reference.line)  # ', called at line 9,'
     return (
-        f"In-place `{f.op}` on `{f.holder}` at {at_line(f.line, f.reference)} changed "
-        f"a tensor that {saved_by(f.saved)}; {then_fails(f.failed)}. {advice}"
+        f"In-place `{f.op}` on {who} at {at_line(f.line, f.reference, f.scope)}"
+        f"{',' if called else ''} changed a tensor that "
+        f"{saved_by(f.saved, f.reference.outer_line if called else None)}; "
+        f"{then_fails(f.failed)}. {advice}"
     )
 
 

@@ -173,7 +173,9 @@ class FreedBuiltOnce(FreedTwice):
 @dataclass(frozen=True, eq=False, kw_only=True)
 class InplaceWrite(Fact):
     """In-place `op` on a tensor `saved` for backward; `fix` is the out-of-place line when
-    one can be written; `failed` is the line of the later backward that failed because of it."""
+    one can be written; `failed` is the line of the later backward that failed because of it;
+    `scope` is the function (`Net.forward`) whose local variable `holder` is, when the written
+    tensor is a local of the user's function that no variable outside it names."""
 
     kind: ClassVar[FindingKind] = "inplace-on-saved"
     form: ClassVar[str] = "write"
@@ -181,6 +183,7 @@ class InplaceWrite(Fact):
     saved: SavedBy
     fix: str | None
     failed: int | None
+    scope: str | None = None
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)

@@ -13,7 +13,15 @@ from autograd_magic.analysis.findings.facts import (
     SavedBy,
     SharedWrite,
 )
-from autograd_magic.analysis.findings.source import is_step_call, out_of_place, stepped_object
+from autograd_magic.analysis.findings.source import (
+    enclosing_function,
+    is_step_call,
+    out_of_place,
+    own_line,
+    stepped_object,
+    traced_path,
+    written_name,
+)
 from autograd_magic.analysis.index import RecordIndex
 from autograd_magic.analysis.storage import storage_groups
 from autograd_magic.model.records import VersionBump
@@ -21,12 +29,15 @@ from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import cell_line, layer_pattern
 
 
-def saved_by(graph: RecordIndex, bumps: list[VersionBump]) -> tuple[SavedBy, tuple[int, ...]]:
-    """Who saved the buffers `bumps` hit, and those buffers' ids."""
+def saved_by(
+    graph: RecordIndex, bumps: list[VersionBump], file: str | None = None
+) -> tuple[SavedBy, tuple[int, ...]]:
+    """Who saved the buffers `bumps` hit, and those buffers' ids; the lines are those inside
+    the user's functions written in the traced file `file` (see `source.own_line`)."""
     hit = [i for bump in bumps for i in bump.hit_buffers]
     buffers = [b for b in map(graph.buffer, hit) if b is not None]
     owners = sorted({n.name for b in buffers if b.node_id and (n := graph.node(b.node_id))})
-    lines = tuple(sorted({cell_line(b.saved_site) for b in buffers}))
+    lines = tuple(sorted({own_line(b.saved_site, file) for b in buffers}))
     modules = sorted({b.module for b in buffers if b.module})
     if len(modules) >= 3:  # repeated layers read as one; a Sequential's two children do not
         modules = sorted({layer_pattern(m) for m in modules})
@@ -42,6 +53,7 @@ def inplace_on_saved(
     facts: list[InplaceWrite | OptimizerStep] = []
     seen = set()
     steps: dict[int, list[VersionBump]] = {}
+    file = traced_path(trace)
     for bump in trace.version_bumps:
         key = (cell_line(bump.site), bump.label)
         if not bump.hit_buffers or bump.bypass or key in seen:
@@ -50,15 +62,18 @@ def inplace_on_saved(
         if bump.op.startswith("_foreach") or is_step_call(bump.site):
             steps.setdefault(key[0], []).append(bump)
             continue
-        saved, buffer_ids = saved_by(graph, [bump])
-        # Written inside a function (a helper, a forward): the line to fix is the inner one.
+        saved, buffer_ids = saved_by(graph, [bump], file)
+        # Written inside a function of the traced file (a helper, a forward): the line to fix
+        # is the inner one, and a tensor only that function named is its local variable.
+        line = own_line(bump.site, file)
         inner = bump.site.outer_line not in (None, bump.site.line)
-        line = bump.site.line if inner else key[0]
+        local = written_name(bump.site) if inner and "#" in bump.label else None
         facts.append(
             InplaceWrite(
                 line=line,
                 related_lines=tuple(sorted({*saved.lines, key[0]} - {line})),
-                holder=bump.label,
+                holder=local or bump.label,
+                scope=enclosing_function(bump.site) if local else None,
                 reference=bump.site,
                 buffer_ids=buffer_ids,
                 op=bump.op,
