@@ -238,8 +238,8 @@ def _shared_write(f: SharedWrite) -> str:
     sharers = f.sharers
     others = ", ".join(f"`{s}`" + (f" ({how})" if how else "") for s, how in sharers)
     return (
-        f"In-place `{f.op}` on `{f.holder}` at line {f.line}"
-        f"{quoted_source(f.reference)} also changed {others}, which "
+        f"In-place `{f.op}` on `{f.holder}` at {at_line(f.line, f.reference)}"
+        f"{',' if f.related_lines else ''} also changed {others}, which "
         f"{'share' if len(sharers) > 1 else 'shares'} memory with `{f.holder}`. If the old "
         f"values were meant to stay, copy first with `.clone()` (tensors) or `.copy()` (NumPy "
         f"arrays)."
@@ -253,9 +253,7 @@ def _bypass(f: Bypass) -> str:
     if isinstance(f, NumpyWrite):
         how = f"NumPy array `{written}` was written (seen at line {f.line})"
     else:
-        how = (
-            f"`{written}` was written at line {f.line}{quoted_source(f.reference)} through `.data`"
-        )
+        how = f"`{written}` was written through `.data` at {at_line(f.line, f.reference)}"
     return (
         f"{how}, changing {target} without bumping its version counter, after "
         f"{saved_by(f.saved)}: backward will use the new values without any error, "

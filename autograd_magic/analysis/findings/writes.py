@@ -141,41 +141,54 @@ def shared_write(trace: Trace, graph: RecordIndex) -> list[SharedWrite]:
         how.update(group.how)
     facts: list[SharedWrite] = []
     seen = set()
+    file = traced_path(trace)
     for bump in trace.version_bumps:
         label, sharers = bump.label, bump.sharers
         if bump.bypass and bump.bypassed and "#" in label:  # a write through `a.data`
             label = f"{bump.bypassed}.data"
             sharers = tuple(s for s in sharers if s != bump.bypassed)
-        key = (cell_line(bump.site), label)
+        key = (own_line(bump.site, file), label)
         if not sharers or "#" in label or key in seen:
             continue
         seen.add(key)
         others = tuple(
             (s, how[s] if how.get(s, "original") != "original" else None) for s in sharers
         )
+        related = tuple({cell_line(bump.site)} - {key[0]})
         facts.append(
-            SharedWrite(line=key[0], holder=label, reference=bump.site, op=bump.op, sharers=others)
+            SharedWrite(
+                line=key[0],
+                related_lines=related,
+                holder=label,
+                reference=bump.site,
+                op=bump.op,
+                sharers=others,
+            )
         )
     return facts
 
 
 def data_bypass(trace: Trace, graph: RecordIndex) -> list[Bypass]:
-    """Writes through `.data` or NumPy to memory autograd saved, invisible to its version check."""
+    """Writes through `.data` or NumPy to memory autograd saved, invisible to its version check:
+    one fact per line (a loop writing each batch's tensor is one mistake), naming the last
+    tensor it wrote, at the line inside the user's function that wrote it (see `own_line`)."""
     facts: list[Bypass] = []
     seen = set()
-    for bump in trace.version_bumps:
+    file = traced_path(trace)
+    for bump in reversed(trace.version_bumps):
         if not (bump.bypass and bump.hit_buffers):
             continue
         numpy = bump.op == "numpy write"
-        written = bump.label if numpy or "#" not in bump.label else f"{bump.bypassed}.data"
-        if (cell_line(bump.site), written) in seen:  # one buffer rewritten in a loop: one fact
+        line = own_line(bump.site, file)
+        if (line, numpy) in seen:
             continue
-        seen.add((cell_line(bump.site), written))
-        saved, buffer_ids = saved_by(graph, [bump])
+        seen.add((line, numpy))
+        written = bump.label if numpy or "#" not in bump.label else f"{bump.bypassed}.data"
+        saved, buffer_ids = saved_by(graph, [bump], file)
         facts.append(
             (NumpyWrite if numpy else DataWrite)(
-                line=cell_line(bump.site),
-                related_lines=saved.lines,
+                line=line,
+                related_lines=tuple(sorted({*saved.lines, cell_line(bump.site)} - {line})),
                 holder=bump.bypassed or None,
                 reference=bump.site,
                 buffer_ids=buffer_ids,
@@ -183,4 +196,4 @@ def data_bypass(trace: Trace, graph: RecordIndex) -> list[Bypass]:
                 saved=saved,
             )
         )
-    return facts
+    return facts[::-1]
