@@ -409,7 +409,6 @@ BROKEN = [
         "Grad-CAM-style forward hook appending `output` without .detach()",
         hook_features_kept,
         (Expect("kept-alive", "HOOK_APPEND", "features", (".detach()",)),),
-        known_gap="the list is named at the forward call, not the hook that fills it",
         line_of=line_of,
     ),
     Case(
