@@ -121,3 +121,28 @@ def test_a_line_of_an_earlier_cell_says_which_cell(shell):
     assert f"line 8 of cell In [{net_cell}]" in captured.stdout
     for name in CELL_NAMES:
         shell.user_ns.pop(name, None)
+
+
+FREED_IN_A_FUNCTION = """\
+w = torch.rand(3, requires_grad=True)
+kept = []
+def finish():
+    loss = torch.cat(kept).sum()
+    loss.backward()
+for step in range(2):
+    kept.append((w * 2).exp())
+    finish()
+"""
+
+
+def test_a_backward_in_a_function_says_each_line_once(shell):
+    # GIVEN a cell whose function backpropagates a list never emptied (REINFORCE-style)
+    result, _ = run(shell, "%%trackgraph --text -o tr\n" + FREED_IN_A_FUNCTION)
+    assert not result.success
+    (found,) = shell.user_ns.pop("tr").findings
+    # THEN the finding is at the backward in `finish`, called at line 8, each line said once
+    assert (found.kind, found.line) == ("backward-through-freed", 5)
+    assert "at line 5 of `finish`, called at line 8, needs" in found.message
+    assert found.message.count("line 8") == 1, found.message
+    for name in ("w", "kept", "finish", "step"):
+        shell.user_ns.pop(name, None)

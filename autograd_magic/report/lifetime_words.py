@@ -14,7 +14,7 @@ from autograd_magic.analysis.findings.facts import (
 )
 from autograd_magic.model.records import Site
 from autograd_magic.model.units import cell_line, format_bytes
-from autograd_magic.report.quotes import at_line, quoted_source, saved_bytes, which_graphs
+from autograd_magic.report.quotes import at_line, called, quoted_source, saved_bytes, which_graphs
 
 
 def kept_chain(f: KeptChain) -> str:
@@ -25,7 +25,8 @@ def kept_chain(f: KeptChain) -> str:
         else "Keep `.detach()` of what is added instead of the tensor itself."
     )
     return (
-        f"`{f.holder}` keeps every iteration's graph alive: {at_line(f.line, f.built)} adds "
+        f"`{f.holder}` keeps every iteration's graph alive: {at_line(f.line, f.built)}"
+        f"{called(f.built)} adds "
         f"each new result to it, so {f.iterations:,} iterations' graphs ({len(f.node_ids):,} "
         f"nodes{saved_bytes(f.nbytes)}) are chained together and never freed."
         f"{kept_by_retain(f.retained_at)} {advice}"
@@ -45,7 +46,7 @@ def kept_container(f: KeptContainer) -> str:
         if roots > 1
         else "a tensor that still carries its autograd graph"
     )
-    taken = f"{at_line(f.line, f.reference)} keeps " if f.reference else ""
+    taken = f"{at_line(f.line, f.reference)}{called(f.reference)} keeps " if f.reference else ""
     if f.used:
         fix = "Keep `.item()` (a number) or `.detach()` of the value instead of the tensor itself."
     else:  # outputs no backward used: the graph was never needed

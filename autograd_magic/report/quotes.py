@@ -63,17 +63,26 @@ def quoted_source(site: Site) -> str:
     return f" (`{text}`)"
 
 
-def at_line(line: int | None, site: Site | None, scope: str | None = None) -> str:
+def called(site: Site | None) -> str:
+    """',' after `at_line` of a line inside a function ('..., called at line 9,'), else ''."""
+    return "," if site is not None and site.outer_line not in (None, site.line) else ""
+
+
+def at_line(
+    line: int | None, site: Site | None, scope: str | None = None, quote: bool = True
+) -> str:
     """'line 9 (`code`)'; for a line inside a function called from the traced code, 'line 4
     of `forward` (`code`), called at line 9' (`scope` given, the function is said already:
     'line 4 (`code`), called at line 9'); where the finding points at the call `line` because
     the function is written elsewhere, 'line 4 of `forward` in cell In [3] (`code`), called at
-    line 9'. Each line said once, the quote beside the line it quotes."""
+    line 9'. Each line said once, the quote (left out with `quote` False) beside the line it
+    quotes."""
+    code = quoted_code(site) if quote else ""
     if site is None or site.outer_line in (None, site.line):
-        return f"line {line}{quoted_code(site)}"
+        return f"line {line}{code}"
     function = "" if scope else f" of `{site.function}`"
     place = "" if line == site.line else f" in {place_of(site.file)}"
-    return f"line {site.line}{function}{place}{quoted_code(site)}, called at line {site.outer_line}"
+    return f"line {site.line}{function}{place}{code}, called at line {site.outer_line}"
 
 
 def place_of(file: str) -> str:

@@ -44,6 +44,7 @@ from autograd_magic.report.quotes import (
     INPLACE_ERROR,
     at_line,
     because,
+    called,
     carried_name,
     detached,
     line_list,
@@ -132,15 +133,18 @@ def _freed_twice(fix: Callable[[F], str]) -> Callable[[F], str]:
             needs = f"tensors saved at {line_list(saved)}"
         else:  # e.g. a Python number saved by `2 * x`: saved-tensor hooks never see those
             needs = f"the graph built at {line_list(built)}" if built else "a graph"
-        releaser = f.releaser
+        releaser, site = f.releaser, f.reference
         if releaser is None:
             earlier = "an earlier backward"
+        elif releaser == site:  # each line said once
+            earlier = "an earlier run of that same line"
         else:
-            again = " (an earlier run of that line)" if releaser == f.reference else ""
-            earlier = f"the backward at {releaser.describe()}{again}"
+            line = releaser.line if f.line == site.line else cell_line(releaser)
+            earlier = f"the backward at {at_line(line, releaser, quote=False)}{called(releaser)}"
         return (
-            f"{who} at {f.reference.describe()} needs {needs} that {earlier} already freed (a "
-            f"backward frees the saved tensors of the graph it walks). {fix(f)}"
+            f"{who} at {at_line(f.line, site, quote=False)}{called(site)} needs {needs} that "
+            f"{earlier} already freed (a backward frees the saved tensors of the graph it "
+            f"walks). {fix(f)}"
         )
 
     return words
@@ -202,11 +206,10 @@ def _inplace(f: InplaceWrite) -> str:
         "`.clone()` the tensor before writing to it."
     )
     who = f"`{f.holder}`" + (f" in `{f.scope}`" if f.scope else "")
-    called = f.reference.outer_line not in (None, f.reference.line)  # ', called at line 9,'
+    inner = called(f.reference)
     return (
-        f"In-place `{f.op}` on {who} at {at_line(f.line, f.reference, f.scope)}"
-        f"{',' if called else ''} changed a tensor that "
-        f"{saved_by(f.saved, f.reference.outer_line if called else None)}; "
+        f"In-place `{f.op}` on {who} at {at_line(f.line, f.reference, f.scope)}{inner} changed "
+        f"a tensor that {saved_by(f.saved, f.reference.outer_line if inner else None)}; "
         f"{then_fails(f.failed)}. {advice}"
     )
 
@@ -239,7 +242,7 @@ def _shared_write(f: SharedWrite) -> str:
     others = ", ".join(f"`{s}`" + (f" ({how})" if how else "") for s, how in sharers)
     return (
         f"In-place `{f.op}` on `{f.holder}` at {at_line(f.line, f.reference)}"
-        f"{',' if f.related_lines else ''} also changed {others}, which "
+        f"{called(f.reference)} also changed {others}, which "
         f"{'share' if len(sharers) > 1 else 'shares'} memory with `{f.holder}`. If the old "
         f"values were meant to stay, copy first with `.clone()` (tensors) or `.copy()` (NumPy "
         f"arrays)."
