@@ -146,3 +146,24 @@ def test_a_backward_in_a_function_says_each_line_once(shell):
     assert found.message.count("line 8") == 1, found.message
     for name in ("w", "kept", "finish", "step"):
         shell.user_ns.pop(name, None)
+
+
+RETAIN_IN_A_FUNCTION = """\
+w = torch.rand(3, requires_grad=True)
+def step():
+    loss = (w * 2).exp().sum()
+    loss.backward(retain_graph=True)
+    return loss
+loss = step()
+"""
+
+
+def test_a_retain_inside_a_function_is_said_at_its_own_line(shell):
+    # GIVEN a function of the cell that passes retain_graph=True, its loss kept by the cell
+    result, _ = run(shell, "%%trackgraph --text -o tr\n" + RETAIN_IN_A_FUNCTION)
+    assert result.success
+    (found,) = shell.user_ns.pop("tr").findings
+    # THEN the finding is at the backward's own line (4), not the call (6)
+    assert (found.kind, found.line, found.holder) == ("retained-graph", 4, "loss")
+    for name in ("w", "step", "loss"):
+        shell.user_ns.pop(name, None)

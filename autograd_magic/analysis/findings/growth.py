@@ -18,7 +18,12 @@ from autograd_magic.analysis.findings.facts import (
     RetainedGraph,
 )
 from autograd_magic.analysis.findings.lifetime import holder_group, root_name
-from autograd_magic.analysis.findings.source import backward_receiver, reads_itself
+from autograd_magic.analysis.findings.source import (
+    backward_receiver,
+    own_line,
+    reads_itself,
+    traced_path,
+)
 from autograd_magic.analysis.index import RecordIndex, retained_bytes_of
 from autograd_magic.model.records import BackwardCall, NodeRecord, Site
 from autograd_magic.model.trace import Trace
@@ -156,8 +161,9 @@ def retained_graph(
             retained.append(call)
         later.update(reached)
     by_line: dict[int, list[BackwardCall]] = {}
+    file = traced_path(trace)  # a backward inside the user's function: said at its own line
     for call in reversed(retained):
-        by_line.setdefault(cell_line(call.site), []).append(call)
+        by_line.setdefault(own_line(call.site, file), []).append(call)
     facts = []
     for line, every in by_line.items():
         calls = [c for c in every if c.error is None and c.reached]
@@ -168,7 +174,7 @@ def retained_graph(
         facts.append(
             RetainedGraph(
                 line=line,
-                related_lines=tuple(sorted({cell_line(b.saved_site) for b in kept})),
+                related_lines=tuple(sorted({own_line(b.saved_site, file) for b in kept})),
                 holder=root_name(trace, calls[-1].root_ids),
                 nbytes=nbytes,
                 cause=cause,

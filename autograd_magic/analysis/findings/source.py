@@ -43,6 +43,8 @@ def own_line(site: Site, file: str | None) -> int:
 
 def traced_path(trace: Trace) -> str | None:
     """The traced code's file (the cell's or the script's), None when nothing was seen."""
+    if trace.home_file is not None:
+        return trace.home_file
     found = traced_file(trace)
     return None if found is None else found[0]
 
