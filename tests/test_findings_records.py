@@ -152,7 +152,7 @@ def test_a_write_inside_a_helper_is_reported_at_the_helper_line_with_its_own_out
     assert (found.kind, found.line, found.holder) == ("inplace-on-saved", 2, "p")
     assert 7 in found.related_lines
     assert "`p = p.clamp(1e-6, 1 - 1e-6)`" in found.message
-    assert "line 2 of `clamp_probs`, called at line 7" in found.message
+    assert "line 2 of `clamp_probs` (`p.clamp_(1e-6, 1 - 1e-6)`), called at line 7" in found.message
     assert "x = x + 1" not in found.message
 
 

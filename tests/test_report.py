@@ -370,9 +370,10 @@ def test_a_quoted_line_leaves_out_its_comment():
             loss.backward(retain_graph=True)  # keep   it for later
     (retained,) = [f for f in trace.findings if f.kind == "retained-graph"]
     # THEN the line is quoted without the comment (was "(`... # keep it for later`)"; issue
-    # 36, item 7; test_real_loops holds ", called N times)" inside the same parentheses)
-    assert "(`loss.backward(retain_graph=True)`)" in retained.message
-    assert "keep" not in retained.message
+    # 36, item 7; test_real_loops holds ", called N times)" inside the same parentheses: both
+    # calls retained a graph no later backward walked, issue 35)
+    assert "(`loss.backward(retain_graph=True)`, called 2 times)" in retained.message
+    assert "for later" not in retained.message
     del losses, loss
 
 

@@ -122,6 +122,7 @@ def trace_to_json(
     document.update({name: fields[name] for name in _SCALARS})
     site = fields["error_site"]
     document["error_site"] = None if site is None else _plain(site)
+    document["home_file"] = fields.get("home_file")
     for name in _LISTS:
         document[name] = [_plain(r) for r in fields[name]]
     document["timeline"] = [list(s) for s in fields["timeline"]]
@@ -167,6 +168,8 @@ def trace_fields(text: str) -> dict[str, Any]:
     fields["error"] = check_value(document.get("error"), str | None, "error")
     site = document.get("error_site")
     fields["error_site"] = None if site is None else build_record(Site, site, "error_site")
+    # Optional: files saved before it was recorded have none.
+    fields["home_file"] = check_value(document.get("home_file"), str | None, "home_file")
     for name, cls in _LISTS.items():
         fields[name] = _records(document, name, cls, max_records)
     if version < 4:  # worded when saved; shown as they were

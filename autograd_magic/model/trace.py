@@ -67,6 +67,8 @@ class Trace:
         self.finished = False
         self.error: str | None = None
         self.error_site: Site | None = None
+        # The traced code's file (the cell's, the script's): its functions' lines are its own.
+        self.home_file: str | None = None
         self.seq = 0
         self.live_nodes = 0
         # Retained bytes as the recorder last counted them; `retained_bytes` gives them exact.

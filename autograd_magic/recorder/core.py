@@ -100,6 +100,7 @@ class Recorder:
         state = self.state
         if state.sites.home_code is None:
             state.sites.home_code = outside_caller().f_code
+        self.trace.home_file = state.sites.home_code.co_filename
         state.sequence_start = current_sequence_nr()
         state.thread = threading.get_ident()
         try:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from autograd_magic.analysis.findings.source import traced_path
 from autograd_magic.analysis.result import Analysis
 from autograd_magic.model.records import NodeRecord, SavedBuffer
 from autograd_magic.model.units import format_bytes, where
 from autograd_magic.report.model import MAX_TABLE_ROWS, Table, cut_note
+from autograd_magic.report.quotes import place_of
 from autograd_magic.report.versions import label_pattern
 
 
@@ -79,6 +81,7 @@ def buffer_table(analysis: Analysis, node_ids: set[int] | None = None) -> Table:
     trace = analysis.trace
     with_module = any(b.module for b in trace.buffers)
     nodes = analysis.nodes_by_id
+    file = traced_path(trace)
     # Group on the raw fields first (formatting 100,000 rows is the slow part), then on the
     # rows as shown: different raw fields can read the same.
     raw: dict[tuple, list[SavedBuffer]] = {}
@@ -94,6 +97,7 @@ def buffer_table(analysis: Analysis, node_ids: set[int] | None = None) -> Table:
                 b.nbytes,
                 b.held_by,
                 b.saved_site.line,
+                b.saved_site.file,
                 b.freed_site,
                 b.freed,
                 b.module,
@@ -102,7 +106,7 @@ def buffer_table(analysis: Analysis, node_ids: set[int] | None = None) -> Table:
     groups: dict[tuple[str, ...], list[SavedBuffer]] = {}
     labels: dict[tuple[str, ...], set[str]] = {}
     for members in raw.values():  # `saved by add` for AddBackward0 and AddBackward1 alike
-        row = _buffer_row(nodes, members[0], with_node=False)
+        row = _buffer_row(nodes, members[0], file, with_node=False)
         # Repeated layers' tensors (`layers.0.w`, `layers.1.w`) share a row too.
         key = (row[0], label_pattern(row[1]), *row[2:], label_pattern(members[0].module or ""))
         groups.setdefault(key, []).extend(members)
@@ -111,7 +115,7 @@ def buffer_table(analysis: Analysis, node_ids: set[int] | None = None) -> Table:
     rows = []
     for key, members in ordered[:MAX_TABLE_ROWS]:
         if len(members) == 1:
-            row = _buffer_row(nodes, members[0], with_node=True)
+            row = _buffer_row(nodes, members[0], file, with_node=True)
         else:
             node = _node(nodes, members[0].node_id)
             name = "?" if node is None else node.name
@@ -141,7 +145,7 @@ def _node(nodes: Mapping[int, NodeRecord], node_id: int | None) -> NodeRecord | 
 
 
 def _buffer_row(
-    nodes: Mapping[int, NodeRecord], b: SavedBuffer, with_node: bool
+    nodes: Mapping[int, NodeRecord], b: SavedBuffer, file: str | None, with_node: bool
 ) -> tuple[str, ...]:
     node = _node_name(nodes, b.node_id) if with_node else ""
     return (
@@ -152,9 +156,18 @@ def _buffer_row(
         b.device,
         format_bytes(b.nbytes),
         _buffer_kind(b),
-        f"line {b.saved_line}",
+        _saved_where(b, file),
         f"released ({where(b.freed_site)})" if b.freed else "held",
     )
+
+
+def _saved_where(b: SavedBuffer, file: str | None) -> str:
+    """'line 9', or 'line 9 of cell In [3]' for a line of a function written outside the
+    traced code's file `file` (a class defined in an earlier cell)."""
+    site = b.saved_site
+    if file is None or site.file == file or site.line == 0:
+        return f"line {b.saved_line}"
+    return f"line {b.saved_line} of {place_of(site.file)}"
 
 
 def buffer_totals(analysis: Analysis) -> Table:

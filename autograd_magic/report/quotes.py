@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import io
 import linecache
+import os
+import re
 import tokenize
 from collections.abc import Iterable
 
@@ -61,13 +63,37 @@ def quoted_source(site: Site) -> str:
     return f" (`{text}`)"
 
 
-def at_line(line: int | None, site: Site | None) -> str:
-    """'line 9 (`code`)', or for a line inside a function called from the traced code
-    'line 4 of `forward`, called at line 9 (`code`)': each line said once."""
-    where = f"line {line}"
-    if site is not None and site.outer_line not in (None, site.line):
-        where += f" of `{site.function}`, called at line {site.outer_line}"
-    return where + quoted_code(site)
+def called(site: Site | None) -> str:
+    """',' after `at_line` of a line inside a function ('..., called at line 9,'), else ''."""
+    return "," if site is not None and site.outer_line not in (None, site.line) else ""
+
+
+def at_line(
+    line: int | None, site: Site | None, scope: str | None = None, quote: bool = True
+) -> str:
+    """'line 9 (`code`)'; for a line inside a function called from the traced code, 'line 4
+    of `forward` (`code`), called at line 9' (`scope` given, the function is said already:
+    'line 4 (`code`), called at line 9'); where the finding points at the call `line` because
+    the function is written elsewhere, 'line 4 of `forward` in cell In [3] (`code`), called at
+    line 9'. Each line said once, the quote (left out with `quote` False) beside the line it
+    quotes."""
+    code = quoted_code(site) if quote else ""
+    if site is None or site.outer_line in (None, site.line):
+        return f"line {line}{code}"
+    function = "" if scope else f" of `{site.function}`"
+    place = "" if line == site.line else f" in {place_of(site.file)}"
+    return f"line {site.line}{function}{place}{code}, called at line {site.outer_line}"
+
+
+def place_of(file: str) -> str:
+    """Where a file of the user's code is, in words: 'In [3]' for an IPython cell whose number
+    its name says, 'an earlier cell' for another cell, else the file's name."""
+    numbered = re.fullmatch(r"<ipython-input-(\d+)-\w+>", file)
+    if numbered:
+        return f"cell In [{numbered.group(1)}]"
+    if re.search(r"ipykernel_\d+[/\\]\d+\.py$", file):
+        return "an earlier cell"
+    return f"`{os.path.basename(file)}`"
 
 
 def line_list(lines: Iterable[int]) -> str:
@@ -95,12 +121,15 @@ def detached(holder: str, is_tuple: bool) -> str:
     return f"{holder} = {holder}.detach()"
 
 
-def saved_by(saved: SavedBy) -> str:
-    """'MmBackward0 (in `model.fc`) saved for backward at line 3'."""
+def saved_by(saved: SavedBy, called_at: int | None = None) -> str:
+    """'MmBackward0 (in `model.fc`) saved for backward at line 3', or '... saved for backward
+    in that call' when it is the call at line `called_at` the sentence has just named."""
     who = " and ".join(saved.owners) if saved.owners else "autograd"
     if saved.modules:
         # Inside a model the line is the one calling `model(...)`: the module says where.
         who += f" (in {name_list((f'`{m}`' for m in saved.modules), 'modules')})"
+    if called_at is not None and saved.lines == (called_at,):
+        return f"{who} saved for backward in that call"
     return f"{who} saved for backward at {line_list(saved.lines)}"
 
 

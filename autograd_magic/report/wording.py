@@ -35,12 +35,11 @@ from autograd_magic.analysis.findings.facts import (
     OptimizerStep,
     RetainedGraph,
     SharedWrite,
-    UnusedGraphs,
 )
 from autograd_magic.analysis.live import NodeGrowth, built_line
 from autograd_magic.model.records import Finding
 from autograd_magic.model.units import cell_line, format_bytes
-from autograd_magic.report import write_wording
+from autograd_magic.report import lifetime_words, write_wording
 from autograd_magic.report.fixes import (
     fix_built_once,
     fix_by_grad,
@@ -56,14 +55,12 @@ from autograd_magic.report.quotes import (
     INPLACE_ERROR,
     at_line,
     because,
+    called,
     carried_name,
-    freed_too,
     line_list,
     name_list,
     quoted_code,
     quoted_source,
-    saved_bytes,
-    which_graphs,
 )
 
 F = TypeVar("F", bound=Fact)
@@ -85,110 +82,6 @@ def words_of(cls: type[Fact]) -> Callable[[Any], str]:
     return _WORDS[cls]
 
 
-# ----- kept-alive and unused-graph ----------------------------------------------------------
-def _kept_chain(f: KeptChain) -> str:
-    assert f.built is not None
-    advice = (
-        f"Keep the value without its graph: `{f.fix}`"
-        if f.fix
-        else "Keep `.detach()` of what is added instead of the tensor itself"
-    )
-    # What following it saves, as measured: the chained graphs are freed step by step.
-    advice += f";{freed_too('each graph is then freed after its backward', f.nbytes)}."
-    return (
-        f"`{f.holder}` keeps every iteration's graph alive: {at_line(f.line, f.built)} adds "
-        f"each new result to it, so {f.iterations:,} iterations' graphs ({len(f.node_ids):,} "
-        f"nodes{saved_bytes(f.nbytes)}) are chained together and never freed. {advice}"
-    )
-
-
-def _kept_container(f: KeptContainer) -> str:
-    assert f.built is not None
-    roots, path = f.roots, f.holder
-    saved = (
-        f", {format_bytes(f.nbytes)} of saved tensors"
-        if f.nbytes
-        else "; a backward already released their saved tensors, so only the nodes remain"
-    )
-    what = (
-        f"{roots:,} tensors that still carry their autograd graphs"
-        if roots > 1
-        else "a tensor that still carries its autograd graph"
-    )
-    taken = f"{at_line(f.line, f.reference)} keeps " if f.reference else ""
-    if f.used:
-        fix = (
-            "Keep `.item()` (a number) or `.detach()` of the value instead of the tensor "
-            f"itself:{freed_too('each graph is then freed at its step', f.nbytes)}."
-        )
-    else:  # outputs no backward walked (inference with grad on): the graph was never needed
-        never = freed_too("their graphs are never built", f.nbytes)
-        fix = (
-            "No backward used them: run the code that computes them under `torch.no_grad()` "
-            f"(or `torch.inference_mode()`), so{never}; or keep `.detach()` of each."
-        )
-    return (
-        f"`{path}` holds {what} ({len(f.node_ids):,} nodes{saved}): {taken}what line "
-        f"{cell_line(f.built)}{quoted_source(f.built)} computed; the graphs stay in memory as "
-        f"long as `{path}` does. {fix}"
-    )
-
-
-def _leftover(f: Leftover) -> str:
-    assert f.built is not None and f.reference is not None
-    return (
-        f"`{f.holder}` still holds {f.results:,} results of line {f.line}"
-        f"{quoted_source(f.built)} made after the last backward (line "
-        f"{cell_line(f.reference)}): no backward used them, so they add nothing to the gradients "
-        f"({len(f.node_ids):,} nodes{saved_bytes(f.nbytes)}) and are dropped when "
-        f"`{f.holder}` is rebound. If a partial batch is left at the end of the loop, call "
-        f"backward on it too."
-    )
-
-
-def _held(f: UnusedGraphs) -> str:
-    """' `first` still holds the first, `p` the last.': who holds which of the graphs."""
-    if not f.held:
-        return ""
-    graphs = f.graphs
-    holds = f.holds or ((f.holder, (graphs - 1,)),)
-    said = [f"`{path}` {which_graphs(ranks, graphs)}" for path, ranks in holds[:3]]
-    return (
-        " " + said[0].replace("` ", "` still holds ", 1) + "".join(f", {s}" for s in said[1:]) + "."
-    )
-
-
-def _no_backward(f: NoBackward) -> str:
-    assert f.built is not None
-    graphs = f.graphs
-    return (
-        f"Line {f.line}{quoted_source(f.built)} built {graphs:,} autograd graph"
-        f"{'s' if graphs > 1 else ''} that no backward used, saving up to "
-        f"{format_bytes(f.nbytes)} of tensors each for a backward that never came. For "
-        f"inference, run it under `with torch.no_grad():` (or `torch.inference_mode()`); if you "
-        f"call backward later, in another cell, ignore this.{_held(f)}"
-    )
-
-
-def _never_reached(f: NeverReached) -> str:
-    assert f.built is not None
-    graphs, where = f.graphs, f.freed_at
-    many = graphs > 1
-    when = (
-        f", {'most ' if many else ''}at line {where}, when the value holding it was rebound or "
-        "dropped"
-        if where
-        else ""
-    )
-    return (
-        f"{graphs:,} graph{'s' if many else ''} built at line {f.line}"
-        f"{quoted_source(f.built)} never reached a backward; {'each' if many else 'it'} was "
-        f"freed with its output{when}, holding up to {format_bytes(f.nbytes)} of saved tensors "
-        f"until then. If you only need those values, compute them under `torch.no_grad()`."
-        f"{_held(f)}"
-    )
-
-
 # ----- graph-growth, retained-graph, backward-through-freed ---------------------------------
 def _growth(f: GraphGrowth) -> str:
     assert f.built is not None and f.reference is not None
@@ -208,10 +101,16 @@ def _growth(f: GraphGrowth) -> str:
 
 def _retained(f: RetainedGraph) -> str:
     assert f.reference is not None
-    keeper = f" as long as `{f.holder}` is alive" if f.holder else " until the graph is dropped"
-    if f.also_held_by:
+    keeper = (
+        f" as long as `{f.kept_by}` keeps their graphs (said below)"
+        if f.kept_by
+        else f" as long as `{f.holder}` is alive"
+        if f.holder
+        else " until the graph is dropped"
+    )
+    if f.also_held_by and not f.kept_by:
         keeper += f" (and {name_list((f'`{h}`' for h in f.also_held_by), 'variables')})"
-    if f.root_holder:  # the backpropagated root is not what keeps most of them
+    if f.root_holder and not f.kept_by:  # the backpropagated root is not what keeps most
         keeper += (
             f" (dropping `{f.root_holder}` alone frees only "
             f"{format_bytes(f.root_only_bytes)} of them)"
@@ -248,15 +147,18 @@ def _freed_twice(fix: Callable[[F], str]) -> Callable[[F], str]:
             needs = f"tensors saved at {line_list(saved)}"
         else:  # e.g. a Python number saved by `2 * x`: saved-tensor hooks never see those
             needs = f"the graph built at {line_list(built)}" if built else "a graph"
-        releaser = f.releaser
+        releaser, site = f.releaser, f.reference
         if releaser is None:
             earlier = "an earlier backward"
+        elif releaser == site:  # each line said once
+            earlier = "an earlier run of that same line"
         else:
-            again = " (an earlier run of that line)" if releaser == f.reference else ""
-            earlier = f"the backward at {releaser.describe()}{again}"
+            line = releaser.line if f.line == site.line else cell_line(releaser)
+            earlier = f"the backward at {at_line(line, releaser, quote=False)}{called(releaser)}"
         return (
-            f"{who} at {f.reference.describe()} needs {needs} that {earlier} already freed (a "
-            f"backward frees the saved tensors of the graph it walks). {fix(f)}"
+            f"{who} at {at_line(f.line, site, quote=False)}{called(site)} needs {needs} that "
+            f"{earlier} already freed (a backward frees the saved tensors of the graph it "
+            f"walks). {fix(f)}"
         )
 
     return words
@@ -264,8 +166,8 @@ def _freed_twice(fix: Callable[[F], str]) -> Callable[[F], str]:
 
 # Each form's words, keyed by its fact class (each function takes that class).
 _WORDS: dict[type[Fact], Callable[[Any], str]] = {
-    KeptChain: _kept_chain,
-    KeptContainer: _kept_container,
+    KeptChain: lifetime_words.kept_chain,
+    KeptContainer: lifetime_words.kept_container,
     GraphGrowth: _growth,
     RetainedGraph: _retained,
     FreedByTwoLosses: _freed_twice(fix_two_losses),
@@ -281,9 +183,9 @@ _WORDS: dict[type[Fact], Callable[[Any], str]] = {
     DataWrite: write_wording.bypass,
     DataUpdate: write_wording.data_update,
     NumpyWrite: write_wording.bypass,
-    Leftover: _leftover,
-    NoBackward: _no_backward,
-    NeverReached: _never_reached,
+    Leftover: lifetime_words.leftover,
+    NoBackward: lifetime_words.no_backward,
+    NeverReached: lifetime_words.never_reached,
 }
 if set(_WORDS) != set(FACT_TYPES):  # a form without words (or words without a form)
     raise RuntimeError(

@@ -16,6 +16,7 @@ from autograd_magic.report.quotes import (
     INPLACE_ERROR,
     at_line,
     because,
+    called,
     carried_name,
     name_list,
     quoted_source,
@@ -33,9 +34,12 @@ def inplace(f: InplaceWrite) -> str:
         "`.clone()` the tensor before writing to it."
     )
     target = f"`{f.holder}`" if f.holder else "an unnamed tensor"
+    who = target + (f" in `{f.scope}`" if f.scope else "")
+    inner = called(f.reference)
     return (
-        f"In-place `{f.op}` on {target} at {at_line(f.line, f.reference)} changed "
-        f"a tensor that {saved_by(f.saved)}; {then_fails(f.failed)}. {advice}"
+        f"In-place `{f.op}` on {who} at {at_line(f.line, f.reference, f.scope)}{inner} changed "
+        f"a tensor that {saved_by(f.saved, f.reference.outer_line if inner else None)}; "
+        f"{then_fails(f.failed)}. {advice}"
     )
 
 
@@ -92,8 +96,8 @@ def shared_write(f: SharedWrite) -> str:
     said += [f"a tensor made by `{how}` at line {line}" for how, line in f.unnamed]
     many = len(said) > 1
     return (
-        f"In-place `{f.op}` on `{f.holder}` at line {f.line}"
-        f"{quoted_source(f.reference)} also changed {', '.join(said)}, which "
+        f"In-place `{f.op}` on `{f.holder}` at {at_line(f.line, f.reference)}"
+        f"{called(f.reference)} also changed {', '.join(said)}, which "
         f"{'share' if many else 'shares'} memory with `{f.holder}`. If the old "
         f"values were meant to stay, copy first with `.clone()` (tensors) or `.copy()` (NumPy "
         f"arrays)."
@@ -109,7 +113,7 @@ def bypass(f: Bypass) -> str:
         how = f"{array} was written (seen at line {f.line})"
     else:
         alias = f"`{written}`" if written else "A tensor"
-        how = f"{alias} was written at line {f.line}{quoted_source(f.reference)} through `.data`"
+        how = f"{alias} was written through `.data` at {at_line(f.line, f.reference)}"
     return (
         f"{how}, changing {target} without bumping its version counter, after "
         f"{saved_by(f.saved)}: backward will use the new values without any error, "

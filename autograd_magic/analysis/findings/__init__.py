@@ -7,8 +7,6 @@ the passes whose facts follow from it. `autograd_magic.report.wording` words the
 
 from __future__ import annotations
 
-from typing import get_args
-
 from autograd_magic.analysis.findings.facts import (
     FACT_TYPES,
     Fact,
@@ -18,18 +16,22 @@ from autograd_magic.analysis.findings.facts import (
 )
 from autograd_magic.analysis.findings.growth import backward_through_freed, graph_growth
 from autograd_magic.analysis.findings.lifetime import kept_alive, unused_graph
+from autograd_magic.analysis.findings.order import (
+    KINDS,
+    in_cause_order,
+    kept_by_retain,
+    left_by_crash,
+)
 from autograd_magic.analysis.findings.retained import retained_graph
 from autograd_magic.analysis.findings.writes import data_bypass, inplace_on_saved, shared_write
 from autograd_magic.analysis.index import RecordIndex
-from autograd_magic.model.records import FindingKind
 from autograd_magic.model.trace import Trace
-
-KINDS: tuple[FindingKind, ...] = get_args(FindingKind)
 
 
 def find_facts(trace: Trace) -> list[Fact]:
-    """All facts for a finished trace: the root cause and its consequences first, then what
-    keeps graphs alive, then the rest in the order of the lines they point at."""
+    """All facts for a finished trace, in cause order (see `order.in_cause_order`): the root
+    cause and its consequences first, then what keeps graphs alive, then the rest in the order
+    of the lines they point at, and graphs a crash left unused after the crash's cause."""
     graph = RecordIndex(trace)
     cause = graph_growth(trace, graph)
     kept = kept_alive(trace, graph)
@@ -55,20 +57,8 @@ def find_facts(trace: Trace) -> list[Fact]:
         *unused,
     ]
 
-    def rank(f: Fact) -> tuple[int, int, int]:
-        # A variable keeping graphs alive explains the writes and errors on those graphs.
-        first = (
-            0
-            if f.kind == "graph-growth"
-            else 1
-            if f.cause is not None
-            else 2
-            if f.kind == "kept-alive"
-            else 3
-        )
-        return (first, f.line or 0, KINDS.index(f.kind))
-
-    return sorted(facts, key=rank)
+    facts = kept_by_retain(graph, left_by_crash(trace, graph, facts))
+    return in_cause_order(facts)
 
 
 __all__ = ["FACT_TYPES", "KINDS", "Fact", "SavedBy", "find_facts"]

@@ -69,6 +69,7 @@ class KeptChain(Fact):
     kind: ClassVar[FindingKind] = "kept-alive"
     form: ClassVar[str] = "chain"
     fix: str | None
+    retained_at: Site | None = None  # the retain_graph=True backward that kept their saved memory
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -80,6 +81,7 @@ class KeptContainer(Fact):
     form: ClassVar[str] = "container"
     roots: int
     used: bool
+    retained_at: Site | None = None  # the retain_graph=True backward that kept their saved memory
 
 
 # ----- graph-growth, retained-graph --------------------------------------------------------
@@ -117,6 +119,7 @@ class RetainedGraph(Fact):
     also_held_by: tuple[str, ...] = ()
     root_holder: str | None = None
     root_only_bytes: int = 0
+    kept_by: str | None = None  # the variable keeping those graphs alive (a finding of its own)
 
 
 # ----- backward-through-freed --------------------------------------------------------------
@@ -197,7 +200,9 @@ class FreedBuiltOnce(FreedTwice):
 @dataclass(frozen=True, eq=False, kw_only=True)
 class InplaceWrite(Fact):
     """In-place `op` on a tensor `saved` for backward; `fix` is the out-of-place line when
-    one can be written; `failed` is the line of the later backward that failed because of it."""
+    one can be written; `failed` is the line of the later backward that failed because of it;
+    `scope` is the function (`Net.forward`) whose local variable `holder` is, when the written
+    tensor is a local of the user's function that no variable outside it names."""
 
     kind: ClassVar[FindingKind] = "inplace-on-saved"
     form: ClassVar[str] = "write"
@@ -205,6 +210,7 @@ class InplaceWrite(Fact):
     saved: SavedBy
     fix: str | None
     failed: int | None
+    scope: str | None = None
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -299,6 +305,9 @@ class UnusedGraphs(Fact):
     graphs: int
     held: bool
     holds: tuple[tuple[str, tuple[int, ...]], ...]
+    # The error that ended the step before any backward could use them (a consequence of the
+    # crash, said after its cause); None when no crash explains them.
+    crashed: Site | None = None
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)

@@ -18,7 +18,10 @@ from autograd_magic.analysis.findings.facts import (
     Growth,
 )
 from autograd_magic.analysis.findings.lifetime import holder_group, root_name
-from autograd_magic.analysis.findings.source import backward_receiver, reads_itself
+from autograd_magic.analysis.findings.source import (
+    backward_receiver,
+    reads_itself,
+)
 from autograd_magic.analysis.index import RecordIndex
 from autograd_magic.model.records import BackwardCall, NodeRecord, Site
 from autograd_magic.model.trace import Trace

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from autograd_magic.analysis.findings.facts import GraphGrowth, RetainedGraph
 from autograd_magic.analysis.findings.lifetime import holder_group, root_name
+from autograd_magic.analysis.findings.source import own_line, traced_path
 from autograd_magic.analysis.index import RecordIndex, retained_bytes_of
 from autograd_magic.model.records import BackwardCall, SavedBuffer
 from autograd_magic.model.trace import Trace
-from autograd_magic.model.units import cell_line
+from autograd_magic.model.units import ACCUMULATE_GRAD
 
 
 def retained_graph(
@@ -19,19 +20,19 @@ def retained_graph(
     retained: list[BackwardCall] = []
     later: set[int] = set()  # nodes reached by the calls after the one looked at
     for call in reversed(trace.backward_calls):
+        # Every iteration's graph ends in the same parameters' AccumulateGrad: reaching those
+        # again is no reuse of this call's graph.
+        reached = [i for i in call.reached if not _accumulator(graph, i)]
         # create_graph=True retains on purpose, for the backward through the gradients; and a
         # retained graph a later backward walked again (a GAN's generator step) was needed:
         # without a carried value behind it, what broke there is the cause, not the retain.
-        if (
-            call.retain_graph
-            and not call.create_graph
-            and (cause or later.isdisjoint(call.reached))
-        ):
+        if call.retain_graph and not call.create_graph and (cause or later.isdisjoint(reached)):
             retained.append(call)
-        later.update(call.reached)
+        later.update(reached)
     by_line: dict[int, list[BackwardCall]] = {}
+    file = traced_path(trace)  # a backward inside the user's function: said at its own line
     for call in reversed(retained):
-        by_line.setdefault(cell_line(call.site), []).append(call)
+        by_line.setdefault(own_line(call.site, file), []).append(call)
     facts = []
     for line, every in by_line.items():
         calls = [c for c in every if c.error is None and c.reached]
@@ -43,7 +44,7 @@ def retained_graph(
         facts.append(
             RetainedGraph(
                 line=line,
-                related_lines=tuple(sorted({cell_line(b.saved_site) for b in kept})),
+                related_lines=tuple(sorted({own_line(b.saved_site, file) for b in kept})),
                 holder=holder,
                 also_held_by=also,
                 root_holder=root,
@@ -57,6 +58,11 @@ def retained_graph(
             )
         )
     return facts
+
+
+def _accumulator(graph: RecordIndex, node_id: int) -> bool:
+    node = graph.node(node_id)
+    return node is not None and node.name == ACCUMULATE_GRAD
 
 
 def _keepers(

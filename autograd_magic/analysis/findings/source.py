@@ -12,6 +12,7 @@ from collections import Counter
 
 from autograd_magic.model.records import Site
 from autograd_magic.model.trace import Trace
+from autograd_magic.model.units import cell_line
 
 
 def source_of(site: Site) -> str:
@@ -31,6 +32,23 @@ def traced_file(trace: Trace) -> tuple[str, int, int] | None:
     return file, min(lines), max(lines)
 
 
+def own_line(site: Site, file: str | None) -> int:
+    """The line a finding points at for `site`: the line inside the user's function when that
+    function is written in the traced code's own file `file` (a forward defined in the cell or
+    the script), else the traced code's line (the call; the function is elsewhere)."""
+    if site.outer_line not in (None, site.line) and site.file == file:
+        return site.line
+    return cell_line(site)
+
+
+def traced_path(trace: Trace) -> str | None:
+    """The traced code's file (the cell's or the script's), None when nothing was seen."""
+    if trace.home_file is not None:
+        return trace.home_file
+    found = traced_file(trace)
+    return None if found is None else found[0]
+
+
 def store_site(trace: Trace, path: str, computed: int) -> Site | None:
     """The traced line that stores into the container `path` (`losses.append(loss)`) when it is
     not line `computed`; storing into a list is no autograd event, so the source is read."""
@@ -45,6 +63,15 @@ def store_site(trace: Trace, path: str, computed: int) -> Site | None:
         for n in range(first, last + 10)
         if store.search(linecache.getline(file, n).split("#", 1)[0])
     ]
+    if not hits:
+        # Filled by a function of the file that no autograd event shows running (a forward
+        # hook appending each output): its one store line, when there is exactly one.
+        every = [
+            n
+            for n, text in enumerate(linecache.getlines(file), 1)
+            if store.search(text.split("#", 1)[0])
+        ]
+        hits = every if len(every) == 1 else []
     after = [n for n in hits if n >= computed]
     line = (after or hits or [computed])[0]
     return None if line == computed else Site(file, line)
@@ -144,3 +171,41 @@ def attribute_store_site(trace: Trace, path: str, computed: int) -> Site | None:
     if len(hits) != 1 or not calls:
         return None
     return Site(file, hits[0], calls[0][1], outer_line=calls[0][0])
+
+
+def written_name(site: Site) -> str | None:
+    """`out` when the line at `site` writes a plain name in place (`out += self.bias`,
+    `out.relu_()`), else None."""
+    code = _code(site)
+    found = re.fullmatch(r"([A-Za-z_]\w*)\.\w+_\(.*\)", code) or re.fullmatch(
+        r"([A-Za-z_]\w*)\s*[-+*/@]=.*", code
+    )
+    return found.group(1) if found else None
+
+
+def enclosing_function(site: Site) -> str:
+    """The function the line at `site` is in, with the classes around it (`GatedNet.forward`),
+    read from the source; the site's function name alone when the source is not available."""
+    lines = linecache.getlines(site.file)
+    if not 0 < site.line <= len(lines) or site.function.startswith("<"):
+        return site.function
+    names: list[str] = []
+    indent = _indent(lines[site.line - 1])
+    for text in reversed(lines[: site.line - 1]):
+        if not text.strip() or _indent(text) >= indent:
+            continue
+        header = re.match(r"\s*(?:async\s+)?(def|class)\s+(\w+)", text)
+        if header is None:
+            continue
+        kind, name = header.groups()
+        if kind == "def" and names:  # a function around it: its locals, not a class's methods
+            break
+        if kind == "def" and name != site.function:
+            return site.function
+        names.append(name)
+        indent = _indent(text)
+    return ".".join(reversed(names)) or site.function
+
+
+def _indent(text: str) -> int:
+    return len(text) - len(text.lstrip())

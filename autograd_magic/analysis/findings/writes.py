@@ -17,10 +17,14 @@ from autograd_magic.analysis.findings.facts import (
     SharedWrite,
 )
 from autograd_magic.analysis.findings.source import (
+    enclosing_function,
     is_step_call,
     out_of_place,
+    own_line,
     stepped_object,
+    traced_path,
     without_data,
+    written_name,
 )
 from autograd_magic.analysis.index import RecordIndex
 from autograd_magic.analysis.storage import storage_groups
@@ -35,12 +39,15 @@ def user_label(label: str | None) -> str | None:
     return None if not label or "#" in label else label
 
 
-def saved_by(graph: RecordIndex, bumps: list[VersionBump]) -> tuple[SavedBy, tuple[int, ...]]:
-    """Who saved the buffers `bumps` hit, and those buffers' ids."""
+def saved_by(
+    graph: RecordIndex, bumps: list[VersionBump], file: str | None = None
+) -> tuple[SavedBy, tuple[int, ...]]:
+    """Who saved the buffers `bumps` hit, and those buffers' ids; the lines are those inside
+    the user's functions written in the traced file `file` (see `source.own_line`)."""
     hit = [i for bump in bumps for i in bump.hit_buffers]
     buffers = [b for b in map(graph.buffer, hit) if b is not None]
     owners = sorted({n.name for b in buffers if b.node_id and (n := graph.node(b.node_id))})
-    lines = tuple(sorted({cell_line(b.saved_site) for b in buffers}))
+    lines = tuple(sorted({own_line(b.saved_site, file) for b in buffers}))
     modules = sorted({b.module for b in buffers if b.module})
     if len(modules) >= 3:  # repeated layers read as one; a Sequential's two children do not
         modules = sorted({layer_pattern(m) for m in modules})
@@ -56,6 +63,7 @@ def inplace_on_saved(
     facts: list[InplaceWrite | OptimizerStep | LibraryWrite] = []
     seen = set()
     steps: dict[int, list[VersionBump]] = {}
+    file = traced_path(trace)
     for bump in trace.version_bumps:
         key = (cell_line(bump.site), bump.label)
         if not bump.hit_buffers or bump.bypass or key in seen:
@@ -64,10 +72,12 @@ def inplace_on_saved(
         if bump.op.startswith("_foreach") or is_step_call(bump.site):
             steps.setdefault(key[0], []).append(bump)
             continue
-        saved, buffer_ids = saved_by(graph, [bump])
-        # Written inside a function (a helper, a forward): the line to fix is the inner one.
+        saved, buffer_ids = saved_by(graph, [bump], file)
+        # Written inside a function of the traced file (a helper, a forward): the line to fix
+        # is the inner one, and a tensor only that function named is its local variable.
+        line = own_line(bump.site, file)
         inner = bump.site.outer_line not in (None, bump.site.line)
-        line = bump.site.line if inner else key[0]
+        local = written_name(bump.site) if inner and "#" in bump.label else None
         if bump.hidden:
             facts.append(_library_write(trace, bump, line, key[0], saved, buffer_ids))
             continue
@@ -75,7 +85,8 @@ def inplace_on_saved(
             InplaceWrite(
                 line=line,
                 related_lines=tuple(sorted({*saved.lines, key[0]} - {line})),
-                holder=user_label(bump.label),
+                holder=local or user_label(bump.label),
+                scope=enclosing_function(bump.site) if local else None,
                 reference=bump.site,
                 buffer_ids=buffer_ids,
                 op=bump.op,
@@ -170,13 +181,14 @@ def shared_write(trace: Trace, graph: RecordIndex) -> list[SharedWrite]:
     stale = _stale_sharers(trace, made)
     facts: list[SharedWrite] = []
     seen = set()
+    file = traced_path(trace)
     for bump in trace.version_bumps:
         label = bump.label
         pairs = [(u, s) for u, s in _sharers(trace, bump) if u not in stale]
         if bump.bypass and bump.bypassed and "#" in label:  # a write through `a.data`
             label = f"{bump.bypassed}.data"
             pairs = [(u, s) for u, s in pairs if s != bump.bypassed]
-        key = (cell_line(bump.site), label)
+        key = (own_line(bump.site, file), label)
         if not pairs or "#" in label or key in seen:
             continue
         seen.add(key)
@@ -187,6 +199,7 @@ def shared_write(trace: Trace, graph: RecordIndex) -> list[SharedWrite]:
             facts.append(
                 SharedWrite(
                     line=key[0],
+                    related_lines=tuple({cell_line(bump.site)} - {key[0]}),
                     holder=label,
                     reference=bump.site,
                     op=bump.op,
@@ -238,30 +251,37 @@ def _stale_sharers(trace: Trace, made: dict[int, tuple[str, int]]) -> set[int]:
 
 
 def data_bypass(trace: Trace, graph: RecordIndex, cause: GraphGrowth | None = None) -> list[Bypass]:
-    """Writes through `.data` or NumPy to memory autograd saved, invisible to its version check.
-    A manual update step (writes after a backward walked the graph) is one fact per line, with
+    """Writes through `.data` or NumPy to memory autograd saved, invisible to its version check:
+    one fact per line (a loop writing each batch's tensor is one mistake), naming the last
+    tensor it wrote, at the line inside the user's function that wrote it (see `own_line`). A
+    manual update step (writes after a backward walked the graph) is one fact per line, with
     `cause` when a carried value is why a later backward reaches that graph."""
     facts: list[Bypass] = []
-    seen = set()
+    seen: set[tuple[int, bool]] = set()  # (line, through NumPy)
+    updated: set[tuple[int, str]] = set()  # (line, what was written)
     updates: dict[int, list[VersionBump]] = {}
-    for bump in trace.version_bumps:
+    file = traced_path(trace)
+    for bump in reversed(trace.version_bumps):
         if not (bump.bypass and bump.hit_buffers):
             continue
         numpy = bump.op == "numpy write"
+        line = own_line(bump.site, file)
         written = bump.label if numpy or "#" not in bump.label else f"{bump.bypassed}.data"
         if "#" in written:  # no user name reaches it: the wording says what it is instead
             written = ""
-        if (cell_line(bump.site), written) in seen:  # one buffer rewritten in a loop: one fact
-            continue
-        seen.add((cell_line(bump.site), written))
         if not numpy and _after_backward(trace, graph, bump):
-            updates.setdefault(cell_line(bump.site), []).append(bump)
+            if (line, written) not in updated:  # one parameter rewritten in a loop: once
+                updated.add((line, written))
+                updates.setdefault(line, []).insert(0, bump)
             continue
-        saved, buffer_ids = saved_by(graph, [bump])
+        if (line, numpy) in seen:
+            continue
+        seen.add((line, numpy))
+        saved, buffer_ids = saved_by(graph, [bump], file)
         facts.append(
             (NumpyWrite if numpy else DataWrite)(
-                line=cell_line(bump.site),
-                related_lines=saved.lines,
+                line=line,
+                related_lines=tuple(sorted({*saved.lines, cell_line(bump.site)} - {line})),
                 holder=user_label(bump.bypassed),
                 reference=bump.site,
                 buffer_ids=buffer_ids,
@@ -269,7 +289,8 @@ def data_bypass(trace: Trace, graph: RecordIndex, cause: GraphGrowth | None = No
                 saved=saved,
             )
         )
-    facts += [_data_update(graph, line, bumps, cause) for line, bumps in updates.items()]
+    facts.reverse()
+    facts += [_data_update(graph, line, bumps, cause) for line, bumps in reversed(updates.items())]
     return facts
 
 
