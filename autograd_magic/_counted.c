@@ -52,6 +52,7 @@ typedef struct {
     PyObject *peek;   /* the next node's sequence number on this thread */
     vectorcallfunc vectorcall;
     long long packed, released, packed_bytes, released_bytes, peak;
+    long long roots_died; /* backward roots whose node died (their RootTag with it) */
     long long next_negative; /* the key of the next storage-less tensor */
 } Packer;
 
@@ -532,6 +533,7 @@ static PyMemberDef Packer_members[] = {
     {"released_bytes", T_LONGLONG, offsetof(Packer, released_bytes), 0,
      "Counted bytes released."},
     {"peak", T_LONGLONG, offsetof(Packer, peak), 0, "Peak live counted bytes this step."},
+    {"roots_died", T_LONGLONG, offsetof(Packer, roots_died), 0, "Tagged roots that died."},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -548,6 +550,44 @@ static PyTypeObject PackerType = {
     .tp_call = PyVectorcall_Call,
     .tp_getset = Packer_getset,
     .tp_members = Packer_members,
+};
+
+/* --- the backward roots' tags --------------------------------------------------------------- */
+
+/* Stored in a backward root's `node.metadata`, it dies with the C++ node and counts that death
+ * in its packer: no Python `__del__`. It holds only its packer, so it is in no cycle. */
+typedef struct {
+    PyObject_HEAD
+    Packer *packer;
+} RootTag;
+
+static void RootTag_dealloc(RootTag *self) {
+    self->packer->roots_died += 1;
+    Py_DECREF(self->packer);
+    PyObject_Free(self);
+}
+
+static PyTypeObject RootTagType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "autograd_magic._counted.RootTag",
+    .tp_basicsize = sizeof(RootTag),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A backward root's tag: counts the node's death in its packer.",
+    .tp_dealloc = (destructor)RootTag_dealloc,
+};
+
+static PyObject *Packer_root_tag(Packer *self, PyObject *Py_UNUSED(ignored)) {
+    RootTag *tag = PyObject_New(RootTag, &RootTagType);
+    if (tag == NULL) {
+        return NULL;
+    }
+    tag->packer = (Packer *)Py_NewRef(self);
+    return (PyObject *)tag;
+}
+
+static PyMethodDef Packer_methods[] = {
+    {"root_tag", (PyCFunction)Packer_root_tag, METH_NOARGS,
+     "A tag for a backward root's node.metadata: its death counts in roots_died."},
+    {NULL, NULL, 0, NULL},
 };
 
 /* --- the unpack hook ---------------------------------------------------------------------- */
@@ -679,8 +719,9 @@ static int intern_all(void) {
 }
 
 static int exec_module(PyObject *module) {
+    PackerType.tp_methods = Packer_methods;
     if (intern_all() < 0 || PyType_Ready(&PackerType) < 0 ||
-        PyType_Ready(&CountedSavedType) < 0) {
+        PyType_Ready(&CountedSavedType) < 0 || PyType_Ready(&RootTagType) < 0) {
         return -1;
     }
     Py_INCREF(&PackerType);

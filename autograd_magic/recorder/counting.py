@@ -49,21 +49,22 @@ _USES, _BYTES, _COUNTED, _SHAPE, _DTYPE, _LINE, _MODULE, _HELD_BY = range(8)
 
 
 class _RootTag:
-    """Stored in a backward root's `node.metadata`: dies with the C++ node. Holds its counter
-    weakly, so a tag outliving its counter reports to no one."""
+    """Stored in a backward root's `node.metadata`: dies with the C++ node. Holds its tally
+    weakly, so a tag outliving its counter reports to no one (the pure-Python form of the
+    compiled `Packer.root_tag()`)."""
 
-    __slots__ = ("counter_ref",)
+    __slots__ = ("tally_ref",)
 
-    def __init__(self, counter_ref: weakref.ref[StepCounter]) -> None:
-        self.counter_ref = counter_ref
+    def __init__(self, tally_ref: weakref.ref[_Tally]) -> None:
+        self.tally_ref = tally_ref
 
     @finalizer
     def __del__(self) -> None:
-        ref = self.counter_ref  # before the guard: see deferred.finalizer
+        ref = self.tally_ref  # before the guard: see deferred.finalizer
         try:
-            counter = ref()
-            if counter is not None:
-                counter._roots_died += 1
+            tally = ref()
+            if tally is not None:
+                tally.roots_died += 1
         except Exception:
             pass
         except BaseException as error:
@@ -74,7 +75,17 @@ class _Tally:
     """The pure-Python counters (the compiled `Packer` has the same fields): what was packed and
     released, in tensors and counted bytes, the peak this step, and what a new storage notes."""
 
-    __slots__ = ("frame", "module", "packed", "packed_bytes", "peak", "released", "released_bytes")
+    __slots__ = (
+        "__weakref__",
+        "frame",
+        "module",
+        "packed",
+        "packed_bytes",
+        "peak",
+        "released",
+        "released_bytes",
+        "roots_died",
+    )
 
     def __init__(self) -> None:
         self.frame: FrameType | None = None  # the block's frame, only while installed
@@ -82,7 +93,11 @@ class _Tally:
         # Written by the pack hook and end_step (installing thread) only:
         self.packed = self.packed_bytes = self.peak = 0
         # Written by finalizers only (any thread):
-        self.released = self.released_bytes = 0
+        self.released = self.released_bytes = self.roots_died = 0
+
+    def root_tag(self) -> _RootTag:
+        """A tag for a backward root's `node.metadata`: its death counts in `roots_died`."""
+        return _RootTag(weakref.ref(self))
 
 
 if _compiled is not None:
@@ -134,8 +149,6 @@ class StepCounter:
         self._calls = 0
         self.depth = 0
         self._module_depth = 0
-        # Written by finalizers only (any thread):
-        self._roots_died = 0
 
     @property
     def block_frame(self) -> FrameType | None:
@@ -158,7 +171,7 @@ class StepCounter:
     @property
     def live_roots(self) -> int:
         """Tagged backward roots whose node is alive."""
-        return self._roots_tagged - self._roots_died
+        return int(self._roots_tagged - self._tally.roots_died)
 
     @property
     def live_saved(self) -> int:
@@ -369,7 +382,7 @@ class StepCounter:
                 continue
             metadata = node.metadata
             if key not in metadata:
-                tag = _RootTag(self._ref)
+                tag = self._tally.root_tag()
                 metadata[key] = tag if _untrack is None else _untrack(tag)
                 self._roots_tagged += 1
 
