@@ -73,6 +73,7 @@ class WatchTrace(WatchRecord):
             "error": self.error,
             "steps": [list(dataclasses.astuple(s)) for s in self.steps],
             "thinned": self.thinned,
+            "modules_off": self.modules_off,
             "out_of_memory": None
             if self.out_of_memory is None
             else dataclasses.asdict(self.out_of_memory),
@@ -102,6 +103,7 @@ class WatchTrace(WatchRecord):
             watch.steps = [StepCounts(*values) for values in document["steps"]]
             watch.steps_done = watch.steps[-1].step if watch.steps else 0
             watch.thinned = int(document.get("thinned", 0))
+            watch.modules_off = str(document.get("modules_off", ""))
             oom = document["out_of_memory"]
             watch.out_of_memory = None if oom is None else _out_of_memory(oom)
             watch.windows = [
@@ -137,4 +139,5 @@ def _out_of_memory(data: dict[str, Any]) -> OutOfMemory:
         by_module=tuple((str(module), int(n)) for module, n in data["by_module"]),
         last_steps=tuple(StepCounts(**s) for s in data["last_steps"]),
         holders=tuple(data["holders"]),
+        modules_off=str(data.get("modules_off", "")),
     )

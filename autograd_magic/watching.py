@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import os
 import sys
+import time
 from collections.abc import Collection
 from types import CodeType, FrameType, TracebackType
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from autograd_magic.model.watch import (
+    MODULE_CHECK_STEPS,
     CaptureWindow,
     HeldSaved,
     OutOfMemory,
@@ -28,6 +30,7 @@ from autograd_magic.model.watch import (
     captured_counts,
     growth_start,
     is_out_of_memory,
+    module_hooks_too_costly,
 )
 from autograd_magic.recorder import stacks, torch_api
 from autograd_magic.recorder.core import Recorder
@@ -94,6 +97,10 @@ class Watch:
         self._first: Recorder | None = None  # the first window's, made before the block
         self._whole = False  # set at the end: the first window was open from start to end
         self._step_end_seq = 0  # the window trace's sequence number at the last step end
+        # The first counted steps, timed for the module-attribution check, and the module calls
+        # before them.
+        self._timed_steps, self._timed_seconds, self._calls_before = 0, 0.0, 0
+        self._last_end = 0.0  # thread_time() at the last step end (0: none yet)
 
     # ----- the block ----------------------------------------------------------------------
     def __enter__(self) -> Watch:
@@ -188,12 +195,33 @@ class Watch:
             self._step_end_seq = window.trace.seq
         result = self.result
         result.add_step(counts)
+        self._check_module_cost(counter, window is None)
         if window is not None:
             window.last_step = counts.step
             if counts.step - window.first_step + 1 >= window.planned_steps:
                 self._close_window(None, None, None)
             return
         self._maybe_open(counts.step)
+
+    def _check_module_cost(self, counter: StepCounter, counted: bool) -> None:
+        """Time the first counted steps; stop module attribution where it is not cheap."""
+        # This thread's CPU time: on a shared machine, wall time also counts other jobs' turns.
+        now, last = time.thread_time(), self._last_end
+        self._last_end = now
+        if self._timed_steps >= MODULE_CHECK_STEPS:
+            return
+        if not counted or not last:  # a captured step, or none before: time from here
+            self._timed_steps, self._timed_seconds = 0, 0.0
+            self._calls_before = counter.module_calls
+            return
+        self._timed_steps += 1
+        self._timed_seconds += now - last
+        if self._timed_steps == MODULE_CHECK_STEPS:
+            calls = counter.module_calls - self._calls_before
+            why = module_hooks_too_costly(calls, self._timed_seconds)
+            if why:
+                counter.stop_modules()
+                self.result.modules_off = f"from step {self.result.steps_done + 1:,}: {why}"
 
     def _find_frame(self, counter: StepCounter) -> None:
         """The running frame of the watched code, once it runs (`home_code` given)."""
@@ -306,6 +334,7 @@ class Watch:
             live_roots=counter.live_roots,
             last_steps=tuple(self.result.steps[-5:]),
             step=self.result.steps_done + 1,
+            modules_off=self.result.modules_off,
             holders=graph_holders(self._namespace)
             if self._namespace is not None
             else ()

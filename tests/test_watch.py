@@ -270,3 +270,60 @@ def test_a_long_cell_records_its_first_steps_and_counts_the_rest_by_default(shel
     assert "Steps 1-20 captured: the first steps." in captured.stdout
     for name in ("model", "losses", "loss", "step"):
         shell.user_ns.pop(name, None)
+
+
+# ----- bytes by module, where that is cheap ------------------------------------------------------
+
+
+def test_the_module_rule_keeps_attribution_on_long_steps_and_drops_it_on_short_ones():
+    """GIVEN the measured cost of the module hooks WHEN a step's module calls would cost more
+    than 2% of it THEN attribution stops, and the reason names the calls and the step time."""
+    from autograd_magic.model.watch import module_hooks_too_costly
+
+    assert module_hooks_too_costly(3 * 100, 3 * 0.080) == ""  # a BERT step: 100 calls, 80 ms
+    why = module_hooks_too_costly(3 * 4, 3 * 0.0003)  # a 4-module MLP step of 0.3 ms
+    assert (
+        why == "its hooks would have cost about 8% of each step (4 module calls in a 0.30 ms step)"
+    )
+
+
+def _oom_loop(model: torch.nn.Module, x: torch.Tensor, steps: int = 6) -> WatchTrace:
+    """A correct loop (no escalation), then an allocation far too large, watched."""
+    with pytest.raises(RuntimeError), am.watch(first=0) as w:
+        for _ in range(steps):
+            model(x).square().mean().backward()
+        kept = model(x).square().mean()  # a graph alive when memory runs out
+        torch.empty(2**62, dtype=torch.uint8)
+    del kept
+    return w.trace
+
+
+def test_tiny_steps_of_many_modules_stop_attributing_bytes_to_modules_and_say_so():
+    """GIVEN a step of thirty-two modules doing next to nothing (their hooks would cost far more
+    than 2% of it)
+    WHEN watched THEN after three timed counted steps (the first is not timed) module
+    attribution stops, and the
+    out-of-memory report says from which step and why instead of naming modules."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), *[torch.nn.Identity() for _ in range(30)])
+    trace = _oom_loop(model, torch.randn(1, 2))
+    assert trace.modules_off.startswith("from step 5: its hooks would have cost about ")
+    assert "(32 module calls in a " in trace.modules_off
+    oom = trace.out_of_memory
+    assert oom is not None and oom.by_module == () and oom.modules_off == trace.modules_off
+    text = render_watch_text(trace.report())
+    assert f"By module: not recorded {trace.modules_off}." in text
+    assert "By top-level module" not in text
+    assert WatchTrace.from_json(trace.to_json()).modules_off == trace.modules_off
+
+
+def test_long_steps_keep_bytes_by_module():
+    """GIVEN a step of one module doing milliseconds of work WHEN watched THEN module
+    attribution stays on and the out-of-memory report names the module."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Tanh())
+    trace = _oom_loop(model, torch.randn(2048, 512))
+    assert trace.modules_off == ""
+    oom = trace.out_of_memory
+    assert oom is not None and oom.by_module[0][0] == "Sequential"
+    assert "By top-level module: Sequential: " in render_watch_text(trace.report())

@@ -149,6 +149,8 @@ class StepCounter:
         self._calls = 0
         self.depth = 0
         self._module_depth = 0
+        self.module_calls = 0  # module calls seen on the installing thread (nested ones too)
+        self._modules = False  # whether the global module hooks tell this counter of calls
 
     @property
     def block_frame(self) -> FrameType | None:
@@ -260,6 +262,7 @@ class StepCounter:
                 install.suspended_until_enabled(self)
             counted_calls.add_counter(self)
             counted_calls.join_module_hooks(self)
+            self._modules = True
         except BaseException:
             self.remove()
             raise
@@ -271,7 +274,7 @@ class StepCounter:
             return
         self._installed = False
         self._tally.frame = None  # a packed object outliving the block must not hold its locals
-        counted_calls.leave_module_hooks(self)
+        self.stop_modules()
         counted_calls.remove_counter(self)
         install.remove_patches(self)
         pack, self._pack = self._pack, None
@@ -348,9 +351,19 @@ class StepCounter:
 
     # --- counted_calls.Counter: what the shared entry points call ----------------------------
 
+    def stop_modules(self) -> None:
+        """Stop attributing saved bytes to modules: the global module hooks go (see
+        `model.watch.module_hooks_too_costly`); what is saved from now on has module ""."""
+        if self._modules:
+            self._modules = False
+            counted_calls.leave_module_hooks(self)
+            self._module_depth = 0
+            self._tally.module = ""
+
     def module_entered(self, module: torch.nn.Module) -> None:
         if _get_ident() != self.thread:
             return
+        self.module_calls += 1
         self._module_depth += 1
         if self._module_depth == 1:
             if type(module).__name__ == counted_calls.WRAPPED:

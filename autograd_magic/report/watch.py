@@ -165,6 +165,8 @@ def out_of_memory_sentences(oom: OutOfMemory) -> tuple[Sentence, ...]:
         out.append(Sentence(f"Saved for backward, by line: {lines}.", None, "finding"))
     if modules:
         out.append(Sentence(f"By top-level module: {modules}.", None, "finding"))
+    elif oom.modules_off:
+        out.append(Sentence(f"By module: not recorded {oom.modules_off}.", None, "note"))
     out.append(Sentence(f"Holding tensors with graphs: {held}.", None, "finding"))
     if oom.last_steps:
         trend = ", ".join(format_bytes(s.retained_bytes) for s in oom.last_steps)
