@@ -22,6 +22,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 
 from autograd_magic.model.watch import (
     MODULE_CHECK_STEPS,
+    MODULE_WARM_STEPS,
     CaptureWindow,
     HeldSaved,
     OutOfMemory,
@@ -97,9 +98,11 @@ class Watch:
         self._first: Recorder | None = None  # the first window's, made before the block
         self._whole = False  # set at the end: the first window was open from start to end
         self._step_end_seq = 0  # the window trace's sequence number at the last step end
-        # The first counted steps, timed for the module-attribution check, and the module calls
-        # before them.
-        self._timed_steps, self._timed_seconds, self._calls_before = 0, 0.0, 0
+        # Counted steps timed for the module-attribution check, the warm-up steps before them,
+        # and the module calls before them.
+        self._step_times: list[float] = []
+        self._warm = 0
+        self._calls_before = 0
         self._last_end = 0.0  # thread_time() at the last step end (0: none yet)
 
     # ----- the block ----------------------------------------------------------------------
@@ -204,21 +207,26 @@ class Watch:
         self._maybe_open(counts.step)
 
     def _check_module_cost(self, counter: StepCounter, counted: bool) -> None:
-        """Time the first counted steps; stop module attribution where it is not cheap."""
+        """Time counted steps (after the first few, which run colder); stop module attribution
+        where it is not cheap, judged on their median."""
+        times = self._step_times
+        if len(times) >= MODULE_CHECK_STEPS:
+            return  # decided (a clock read costs a system call: none after that)
         # This thread's CPU time: on a shared machine, wall time also counts other jobs' turns.
         now, last = time.thread_time(), self._last_end
         self._last_end = now
-        if self._timed_steps >= MODULE_CHECK_STEPS:
+        if not counted or not last:  # a captured step, or none before: start again from here
+            times.clear()
+            self._warm = 0
             return
-        if not counted or not last:  # a captured step, or none before: time from here
-            self._timed_steps, self._timed_seconds = 0, 0.0
+        self._warm += 1
+        if self._warm <= MODULE_WARM_STEPS:
             self._calls_before = counter.module_calls
             return
-        self._timed_steps += 1
-        self._timed_seconds += now - last
-        if self._timed_steps == MODULE_CHECK_STEPS:
-            calls = counter.module_calls - self._calls_before
-            why = module_hooks_too_costly(calls, self._timed_seconds)
+        times.append(now - last)
+        if len(times) == MODULE_CHECK_STEPS:
+            calls = (counter.module_calls - self._calls_before) // MODULE_CHECK_STEPS
+            why = module_hooks_too_costly(calls, sorted(times)[MODULE_CHECK_STEPS // 2])
             if why:
                 counter.stop_modules()
                 self.result.modules_off = f"from step {self.result.steps_done + 1:,}: {why}"

@@ -149,23 +149,24 @@ class WatchRecord:
 # Saved bytes are attributed to the top-level module running "where that is cheap" (issue 34):
 # the global module hooks that tell which one runs cost about MODULE_CALL_COST_S of host time
 # per module call (measured: a 1,000-step loop of a 4-module MLP, 0.27 ms a step, paid 23 us a
-# step for them). After MODULE_CHECK_STEPS counted steps, attribution stops when they would
-# cost more than MODULE_SHARE of a step: a BERT or CNN step keeps it, a tiny step does not.
+# step for them). After MODULE_WARM_STEPS counted steps, the median CPU time of the next
+# MODULE_CHECK_STEPS decides: attribution stops when the hooks would cost more than
+# MODULE_SHARE of a step. A BERT or CNN step keeps it, a tiny step does not.
 MODULE_CALL_COST_S = 6e-6
 MODULE_SHARE = 0.02
-MODULE_CHECK_STEPS = 3
+MODULE_WARM_STEPS = 2
+MODULE_CHECK_STEPS = 5
 
 
-def module_hooks_too_costly(calls: int, seconds: float) -> str:
-    """Why module attribution should stop after `calls` module calls in `seconds` of counted
-    steps, or "" to keep it."""
+def module_hooks_too_costly(calls: int, step_seconds: float) -> str:
+    """Why module attribution should stop where a step of `step_seconds` makes `calls` module
+    calls, or "" to keep it."""
     cost = calls * MODULE_CALL_COST_S
-    if seconds <= 0 or cost <= MODULE_SHARE * seconds:
+    if step_seconds <= 0 or cost <= MODULE_SHARE * step_seconds:
         return ""
-    per_step = seconds / MODULE_CHECK_STEPS
     return (
-        f"its hooks would have cost about {cost / seconds:.0%} of each step "
-        f"({calls // MODULE_CHECK_STEPS:,} module calls in a {per_step * 1e3:.2f} ms step)"
+        f"its hooks would have cost about {cost / step_seconds:.0%} of each step "
+        f"({calls:,} module calls in a {step_seconds * 1e3:.2f} ms step)"
     )
 
 
