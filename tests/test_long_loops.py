@@ -15,7 +15,7 @@ from matplotlib.lines import Line2D
 from torch import nn
 
 import autograd_magic
-from autograd_magic.analysis.live import WINDOW
+from autograd_magic.analysis.live import HELD, OLD
 from autograd_magic.views import figures, series
 from autograd_magic.views.panel import NUMBERS_SHARE, TracePanel
 from autograd_magic.views.text import render_text
@@ -151,6 +151,7 @@ def test_live_timeline_is_a_fast_sparkline_with_its_scales_in_words(mlp_loop):
 
 # ----- findings while the cell runs (issue 22, class 7) -----------------------------------
 GROWING = "live autograd nodes grow by"
+SPOKEN_AT = OLD + HELD  # the step end where a loop keeping every graph is first told of it
 
 
 def _live_findings(keep: bool) -> tuple[list[tuple[int, str]], TracePanel]:
@@ -187,10 +188,10 @@ def test_a_leaking_loop_shows_a_provisional_finding_within_a_few_refreshes():
     # GIVEN a 1,000-step loop that keeps every loss (and its graph) in a list
     seen, panel = _live_findings(keep=True)
     # WHEN the panel refreshes while it runs
-    first = next(i for i, (steps, _) in enumerate(seen) if steps > WINDOW)
-    # THEN the growth is said at the first refresh once WINDOW + 1 steps are done (then at
-    # every refresh), never before, and long before the loop ends (when that first refresh
-    # comes depends on the machine's load: it was step 21 on a busy CI machine)
+    first = next(i for i, (steps, _) in enumerate(seen) if steps >= SPOKEN_AT)
+    # THEN the growth is said at the first refresh once 4 steps are done (the graphs of steps
+    # 1 and 2 still alive at the end of step 4; then at every refresh), never before, and long
+    # before the loop ends (when that first refresh comes depends on the machine's load)
     steps, text = seen[first]
     assert GROWING in text, [s for s, _ in seen[:20]]
     assert not any(GROWING in earlier for _, earlier in seen[:first])

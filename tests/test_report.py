@@ -310,11 +310,15 @@ def test_a_caught_backward_error_keeps_its_text_in_the_calls():
 
 def _running_loop(grow: int) -> Trace:
     """Hand-made records of a running 20-step loop: step k builds a 3-node graph rooted at
-    node 3k (line 4) and backpropagates it at seq 10k + 5; `grow` nodes per step stay alive."""
+    node 3k (line 4) and backpropagates it at seq 10k + 5; `grow` of its nodes (the root
+    first) stay alive, the others die when the next step builds its graph."""
     trace = Trace()
     for k in range(1, 21):
         root = 3 * k
-        trace.nodes.append(NodeRecord(root, "MeanBackward0", 10 * k, site(4)))
+        for i in range(3):
+            freed = None if i < grow else 10 * k + 10
+            node = NodeRecord(root + i, "MeanBackward0", 10 * k + i, site(4), freed_seq=freed)
+            trace.nodes.append(node)
         trace.backward_calls.append(
             BackwardCall(
                 "backward", 10 * k + 1, site(5), False, False, 10 * k + 5, root_ids=(root,)
