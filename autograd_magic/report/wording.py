@@ -58,7 +58,6 @@ from autograd_magic.report.quotes import (
     called,
     carried_name,
     line_list,
-    name_list,
     quoted_code,
     quoted_source,
 )
@@ -101,15 +100,14 @@ def _growth(f: GraphGrowth) -> str:
 
 def _retained(f: RetainedGraph) -> str:
     assert f.reference is not None
+    holders = " or ".join(f"`{h}`" for h in dict.fromkeys((f.holder, *f.also_held_by)))
     keeper = (
         f" as long as `{f.kept_by}` keeps their graphs (said below)"
         if f.kept_by
-        else f" as long as `{f.holder}` is alive"
+        else f" as long as {holders} is alive"
         if f.holder
         else " until the graph is dropped"
     )
-    if f.also_held_by and not f.kept_by:
-        keeper += f" (and {name_list((f'`{h}`' for h in f.also_held_by), 'variables')})"
     if f.root_holder and not f.kept_by:  # the backpropagated root is not what keeps most
         keeper += (
             f" (dropping `{f.root_holder}` alone frees only "
