@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import findings_corpus
+import live_loops
 import pytest
 import test_real_loops
 import torch
@@ -33,10 +34,8 @@ WITHIN = 10  # steps from the bug's start to its window's first step
 
 
 def mlp_data(n: int = STEPS):
-    findings_corpus.seed()
-    model = nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    return model, opt, [(torch.randn(8, 6), torch.randn(8, 1)) for _ in range(n)]
+    """The findings corpus's MLP, optimizer and `n` batches (`live_loops.mlp_data`)."""
+    return live_loops.mlp_data(n)
 
 
 # ===== growth bugs: (result, the step where the growth starts, the holder) ====================
