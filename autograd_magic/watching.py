@@ -168,7 +168,7 @@ class Watch:
         """End a step here (from the first call on, backward calls no longer end steps)."""
         if self._purge_hook is not None:
             self._purge()
-        if not self._explicit and not self._since_step:
+        if not self._explicit and not self._since_step and self.result.steps_done:
             # Right after a backward call ended a step: the code marks its own from now on.
             self._explicit = True
             return

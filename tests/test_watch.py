@@ -176,6 +176,22 @@ def test_w_step_marks_steps_instead_of_backward_calls():
     assert [s.backward_calls for s in w.result.steps] == [1, 2] * 3
 
 
+def test_w_step_in_a_loop_without_backward_ends_every_step_from_the_first():
+    """GIVEN an evaluation loop that keeps its outputs' graphs and calls w.step() each
+    iteration, with no backward at all THEN each call ends a step: three steps, the kept
+    bytes rising at each, none merged into the next."""
+    model, x, _ = model_and_data()
+    kept = []
+    with am.watch(first=0) as w:
+        for _ in range(3):
+            kept.append(model(x))
+            w.step()
+    steps = w.result.steps
+    assert [s.step for s in steps] == [1, 2, 3]
+    assert [s.live_saved for s in steps] == [4, 8, 12]
+    assert steps[0].retained_bytes < steps[1].retained_bytes < steps[2].retained_bytes
+
+
 def test_a_watched_cell_shows_the_watch_report(shell):
     """GIVEN `%%trackgraph --watch --text -o w` on a cell keeping its losses THEN the cell's
     result is a WatchTrace, its text report says which steps were captured and why, and the
