@@ -19,8 +19,8 @@ import torch
 
 from autograd_magic.recorder.counting import StepCounter
 from benchmarks import floor, workloads
-from benchmarks.results import Row, verdict
-from benchmarks.timing import interleave, ratios
+from benchmarks.results import Row, skipped, verdict
+from benchmarks.timing import interleave, ratios, time_once
 
 WORKLOADS = {
     "MLP": workloads.mlp,
@@ -129,6 +129,72 @@ def row(quick: bool = False) -> Row:
             "watch mode runs it.",
             *floors,
             *skipped,
+        ],
+    )
+
+
+CUDA_WORKLOADS: dict[str, Callable[[bool], workloads.Workload | None]] = {
+    "CNN": workloads.cuda_cnn,
+    "BERT-base": lambda quick: workloads.hugging_face_cuda("13", quick),
+    "GPT-2 small": lambda quick: workloads.hugging_face_cuda("14", quick),
+    "small BERT": lambda quick: workloads.hugging_face_cuda("15", quick),
+}
+
+
+@contextmanager
+def watched() -> Iterator[object]:
+    """`autograd_magic.watch(first=0)`: every step counted, none captured (what a long run
+    pays between captures), with the watch's own step bookkeeping on top of the counter."""
+    from autograd_magic.watching import watch
+
+    with watch(first=0) as w:
+        yield w
+
+
+def cuda_row(quick: bool = False) -> Row:
+    """Row 17b: counted steps on the CUDA training steps of rows 5, 13-15, by wall time (each
+    step ends with a synchronize), beside the mechanism floor in the same rounds."""
+    title = "counted steps (watch mode), CUDA training steps"
+    target = f"<= {TARGET:.2f}x, or the floor where it is higher"
+    if not torch.cuda.is_available():
+        return skipped("17b", title, "skipped: no GPU", target, "would run rows 5, 13-15 counted")
+    rounds, steps = (3, 1) if quick else (11, 10)
+    worst = 0.0
+    parts, details = [], []
+    for name, build in CUDA_WORKLOADS.items():
+        workload = build(quick)
+        if workload is None:
+            details.append(f"{name}: not run (`transformers` is not installed)")
+            continue
+        variants = {
+            "untracked": _around(untracked, workload.step, steps),
+            "floor": _around(floor.mechanism, workload.step, steps),
+            "hooks_only": _around(floor.no_op_hooks, workload.step, steps),
+            "counter": _around(counted, workload.step, steps),
+            "watch": _around(watched, workload.step, steps),
+        }
+        times = interleave(variants, rounds, 2, timer=time_once)
+        found = ratios(times, "untracked")
+        base = sorted(times["untracked"])[rounds // 2] * 1e3 / steps
+        counter, under = found["counter"], found["floor"]
+        worst = max(worst, counter.median - max(TARGET, under.median) + TARGET)
+        parts.append(f"{name} {counter.median:.2f}x")
+        details.append(
+            f"{name} ({base:.1f} ms/step untracked; {workload.details}): counted "
+            f"{counter.describe()}; watch(first=0) {found['watch'].describe()}; mechanism floor "
+            f"{under.describe()}; no-op hooks alone {found['hooks_only'].describe()}"
+        )
+        print(details[-1], flush=True)
+    return Row(
+        key="17b",
+        workload=title,
+        ours=", ".join(parts),
+        target=target,
+        verdict=verdict(worst <= TARGET),
+        details=[
+            f"Each variant runs {steps} steps per sample, {rounds} interleaved rounds, wall time "
+            "(each step ends with torch.cuda.synchronize()).",
+            *details,
         ],
     )
 

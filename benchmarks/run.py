@@ -195,6 +195,7 @@ def jobs(plan: Plan) -> list[tuple[str, Callable[[], list[Row]]]]:
         ("12", lambda: [script_loop.measure(plan.script_steps, plan.script_rounds)]),
         ("16", lambda: [per_event.measure(plan.quick)]),
         ("17", lambda: [counted_steps.row(plan.quick)]),
+        ("17b", lambda: [counted_steps.cuda_row(plan.quick)]),
         ("18", lambda: [long_watch.measure(*LONG_WATCH[plan.quick])]),
         ("19", lambda: [long_cell.measure(*LONG_CELL[plan.quick], quick=plan.quick)]),
         ("6 6b", lambda: scale.measure(plan.million_ops, 2 if plan.quick else 21)),
