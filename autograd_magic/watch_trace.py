@@ -14,6 +14,7 @@ from autograd_magic.model.watch import (
     CaptureWindow,
     OutOfMemory,
     StepCounts,
+    StepLog,
     WatchOptions,
     WatchRecord,
 )
@@ -40,13 +41,19 @@ class WatchTrace(WatchRecord):
         if len(self.steps) > MAX_STEPS:
             self._thin()
 
+    def step_added(self, step: int) -> None:
+        """Step `step`'s row was added to `steps` in place (a counted step's fast path)."""
+        self.steps_done = step
+        if len(self.steps) > MAX_STEPS:
+            self._thin()
+
     def _thin(self) -> None:
         """Keep the first steps, every captured one and every other counted one after them:
         memory stays flat however long the run (the table shows the ends and windows)."""
         head, rest = self.steps[:100], self.steps[100:]
         kept = [s for i, s in enumerate(rest) if s.captured or i % 2 == 0 or i == len(rest) - 1]
         self.thinned += len(self.steps) - len(head) - len(kept)
-        self.steps = head + kept
+        self.steps = StepLog(head + kept)
 
     def finish(self, error: str | None) -> None:
         self.error = error
@@ -100,7 +107,7 @@ class WatchTrace(WatchRecord):
             watch = cls(WatchOptions(**document["options"]))
             watch.finished = bool(document["finished"])
             watch.error = document["error"]
-            watch.steps = [StepCounts(*values) for values in document["steps"]]
+            watch.steps = StepLog(StepCounts(*values) for values in document["steps"])
             watch.steps_done = watch.steps[-1].step if watch.steps else 0
             watch.thinned = int(document.get("thinned", 0))
             watch.modules_off = str(document.get("modules_off", ""))

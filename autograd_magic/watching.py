@@ -14,13 +14,16 @@ import bisect
 import os
 import sys
 import time
+from collections import deque
 from collections.abc import Collection
 from types import CodeType, FrameType, TracebackType
 from typing import Any
 
+import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from autograd_magic.model.watch import (
+    MAX_PERIOD,
     MODULE_CHECK_STEPS,
     MODULE_WARM_STEPS,
     CaptureWindow,
@@ -32,11 +35,12 @@ from autograd_magic.model.watch import (
     growth_start,
     is_out_of_memory,
     module_hooks_too_costly,
+    repeat_period,
 )
 from autograd_magic.recorder import stacks, torch_api
 from autograd_magic.recorder.core import Recorder
 from autograd_magic.recorder.counting import StepCounter
-from autograd_magic.recorder.frames import outside_caller
+from autograd_magic.recorder.frames import is_recorder, outside_caller
 from autograd_magic.recorder.mode import RecorderMode
 from autograd_magic.recorder.naming import frame_namespace
 from autograd_magic.trace import Trace
@@ -104,6 +108,12 @@ class Watch:
         self._warm = 0
         self._calls_before = 0
         self._last_end = 0.0  # thread_time() at the last step end (0: none yet)
+        # The lines that called the last steps' backward calls (in the user's code, which may
+        # be a function the block calls), and the backward calls per loop iteration they show
+        # (see `repeat_period`; 1 once `step()` marks the steps): growth is read across
+        # iterations, not within one.
+        self._lines: deque[tuple[CodeType | None, int]] = deque(maxlen=2 * MAX_PERIOD)
+        self._period = 1
 
     # ----- the block ----------------------------------------------------------------------
     def __enter__(self) -> Watch:
@@ -191,20 +201,34 @@ class Watch:
         if self._frame is None:
             self._find_frame(counter)
         self._since_step = 0
-        window = self._window
-        counts = counter.end_step(step=self.result.steps_done + 1)
-        if window is not None:
-            counts = _captured(counts, self._recorder, self._step_end_seq)
-            self._step_end_seq = window.trace.seq
-        result = self.result
-        result.add_step(counts)
-        self._check_module_cost(counter, window is None)
-        if window is not None:
-            window.last_step = counts.step
-            if counts.step - window.first_step + 1 >= window.planned_steps:
-                self._close_window(None, None, None)
+        window, result = self._window, self.result
+        step = result.steps_done + 1
+        if not self._explicit:
+            self._note_line()
+        if window is None:  # a counted step: its row goes in as it is, no object made
+            counter.end_counted_step(result.steps, step)
+            result.step_added(step)
+            if len(self._step_times) < MODULE_CHECK_STEPS:
+                self._check_module_cost(counter, True)
+            self._maybe_open(step)
             return
-        self._maybe_open(counts.step)
+        counts = _captured(counter.end_step(step=step), self._recorder, self._step_end_seq)
+        self._step_end_seq = window.trace.seq
+        result.add_step(counts)
+        self._check_module_cost(counter, False)
+        window.last_step = step
+        if step - window.first_step + 1 >= window.planned_steps:
+            self._close_window(None, None, None)
+
+    def _note_line(self) -> None:
+        """Note the line that called this step's backward, and the loop's period."""
+        lines = self._lines
+        line = _backward_site(sys._getframe(2))
+        period = self._period
+        known = len(lines) >= period and lines[-period] == line
+        lines.append(line)
+        if not known:  # the pattern changed (or is still being learnt)
+            self._period = repeat_period(lines)
 
     def _check_module_cost(self, counter: StepCounter, counted: bool) -> None:
         """Time counted steps (after the first few, which run colder); stop module attribution
@@ -246,9 +270,16 @@ class Watch:
             steps, self._asked = self._asked, 0
             self._open_window(steps, "asked for with capture()")
             return
-        rise = growth_start(result.steps, options.escalate_after)
+        period = 1 if self._explicit else self._period
+        rise = (
+            growth_start(result.steps, options.escalate_after, period)
+            if result.steps.rose_at_last(period)
+            else None
+        )
         if rise is None:
             self._escalated = False
+            if not options.every:
+                return
         if len(result.windows) >= options.max_windows:
             return
         if rise is not None and not self._escalated:
@@ -299,7 +330,8 @@ class Watch:
         tb: TracebackType | None,
     ) -> None:
         recorder, self._recorder, self._window = self._recorder, None, None
-        if growth_start(self.result.steps, self.options.escalate_after) is not None:
+        period = 1 if self._explicit else self._period
+        if growth_start(self.result.steps, self.options.escalate_after, period) is not None:
             self._escalated = True  # this window saw the rise: not captured again until it stops
         if recorder is not None:
             if self._namespace is None and self._frame is not None:
@@ -349,6 +381,26 @@ class Watch:
             if frame is None
             else graph_holders(block_namespace(frame)),
         )
+
+
+# Code objects that are torch's or ours (skipped to find the user's call of a backward).
+_NOT_USERS: dict[CodeType, bool] = {}
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
+
+def _backward_site(frame: FrameType | None) -> tuple[CodeType | None, int]:
+    """The code and line of the first frame from `frame` outwards that is neither torch's nor
+    autograd_magic's: where the user's code called the backward."""
+    skip = _NOT_USERS
+    while frame is not None:
+        code = frame.f_code
+        not_users = skip.get(code)
+        if not_users is None:
+            not_users = skip[code] = is_recorder(frame) or code.co_filename.startswith(_TORCH_DIR)
+        if not not_users:
+            return code, frame.f_lineno
+        frame = frame.f_back
+    return None, 0
 
 
 def _captured(counts: StepCounts, recorder: Recorder | None, since_seq: int) -> StepCounts:

@@ -73,6 +73,42 @@ def test_a_loop_keeping_its_losses_escalates_within_a_few_steps_and_names_the_ho
     assert "captured: live backward roots grew from step 2" in text
 
 
+def gan_loop(iterations: int, keep: bool, **options):
+    """DCGAN's three backward calls an iteration (pytorch/examples dcgan/main.py, shrunk):
+    `errD = errD_real + errD_fake` keeps the last iteration's two D losses until it is
+    reassigned; with `keep`, a history keeps every errD as well (the leak)."""
+    torch.manual_seed(0)
+    net_d, net_g = torch.nn.Linear(4, 1), torch.nn.Linear(2, 4)
+    real, history = torch.randn(8, 4), []
+    with am.watch(**options) as w:
+        for _ in range(iterations):
+            errD_real = net_d(real).sigmoid().mean()
+            errD_real.backward()
+            fake = net_g(torch.randn(8, 2))
+            errD_fake = net_d(fake.detach()).sigmoid().mean()
+            errD_fake.backward()
+            errD = errD_real + errD_fake
+            errG = -net_d(fake).sigmoid().mean()
+            errG.backward()
+            if keep:
+                history.append(errD)
+    return w.result
+
+
+def test_a_gan_loop_is_read_across_its_iterations():
+    """GIVEN DCGAN's loop (three backward calls an iteration, live roots ending its steps 1, 2,
+    3, 4, 5, 3, 4, 5, ...) WHEN watched THEN no window opens: growth is read from one
+    iteration to the next, not within one; and the same loop keeping every errD escalates within
+    four iterations."""
+    correct = gan_loop(12, keep=False, first=0)
+    assert [s.live_roots for s in correct.steps[:9]] == [1, 2, 3, 4, 5, 3, 4, 5, 3]
+    assert correct.windows == []
+    leak = gan_loop(12, keep=True, first=0)
+    assert len(leak.windows) == 1
+    assert leak.windows[0].first_step <= 12
+    assert "live backward roots grew" in leak.windows[0].reason
+
+
 def test_watching_changes_no_value_or_gradient():
     """GIVEN the same training loop untracked and watched THEN weights are equal bit for bit."""
     model, x, y = model_and_data()

@@ -266,24 +266,9 @@ class _CountedOnly:
 
 
 CORPUS_CORRECT = [case for case in findings_corpus.CORRECT if not case.known_gap]
-# dcgan: three backward calls an iteration, and `errD = errD_real + errD_fake` keeps the last
-# iteration's two D losses until it is reassigned: live roots end its first five steps 1, 2, 3,
-# 4, 5, then 3, 4, 5, 3, ... A ramp at the very start has no earlier peak to compare with, and
-# the counters cannot tell one that stops at step 5 from a leak without waiting longer.
-RAMPS_AT_START = {
-    "dcgan": "live roots ramp 1-5 over the first five steps (3 backward calls an iteration, "
-    "errD keeping the previous D losses): escalate_after=3 reads it as growth; "
-    "escalate_after=5 would not, at two steps' delay for every leak",
-}
 
 
-def _case(case: findings_corpus.Case) -> Any:
-    ramp = RAMPS_AT_START.get(case.name)
-    marks = [pytest.mark.xfail(reason=ramp, strict=True)] if ramp else []
-    return pytest.param(case, marks=marks, id=case.name)
-
-
-@pytest.mark.parametrize("case", [_case(case) for case in CORPUS_CORRECT])
+@pytest.mark.parametrize("case", CORPUS_CORRECT, ids=lambda case: case.name)
 def test_a_correct_loop_of_the_findings_corpus_never_opens_a_window(case, monkeypatch):
     """GIVEN a correct loop of the findings corpus WHEN run again and again in one watched block
     for 30 steps or more THEN no window is opened."""

@@ -30,11 +30,11 @@ from autograd_magic.analysis.findings.lifetime import holder_group, stored_holde
 from autograd_magic.model.records import BackwardCall, Site
 from autograd_magic.model.trace import Trace
 from autograd_magic.model.units import ACCUMULATE_GRAD, cell_line
+from autograd_magic.model.watch import MAX_PERIOD, repeat_period
 
 OLD = 2  # steps a kept node must have outlived its own step by (its holder assigned again)
 SPAN = 4  # steps at least OLD old that are read: a graph kept long ago ages out
 HELD = 2  # of them whose nodes must still be alive
-MAX_PERIOD = 8  # backward calls one loop iteration may make (a WGAN-GP's critic steps and more)
 WINDOW = 16  # steps the count fallback reads, once the node records reached their cap
 ROOT_SEARCH = 4096  # node records searched back from a backward call for its graph's root
 
@@ -98,11 +98,7 @@ def loop_period(sites: Sequence[Site]) -> int:
     """Backward calls per loop iteration: the smallest p for which the call sites of the last
     calls repeat every p calls (1 for a plain loop, 3 for DCGAN's D-real, D-fake, G calls).
     Where no period up to `MAX_PERIOD` fits, `MAX_PERIOD`: a slower word, never a wrong one."""
-    recent = sites[-2 * MAX_PERIOD :]
-    for p in range(1, MAX_PERIOD + 1):
-        if all(recent[i] == recent[i - p] for i in range(p, len(recent))):
-            return p
-    return MAX_PERIOD
+    return repeat_period(sites, MAX_PERIOD)
 
 
 def kept_steps(

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from autograd_magic.model.records import HeldBy
 
@@ -32,6 +33,93 @@ class StepCounts:
     retained_bytes: int
     peak_bytes: int
     captured: bool = False
+
+
+# A step's fields in a `StepLog` row, in `StepCounts` order.
+_ROW = 7
+_ROOTS, _RETAINED = 2, 4
+
+
+class StepLog(Sequence[StepCounts]):
+    """Every step's counters, seven integers a step in one array (no object per counted step),
+    read as `StepCounts` made when read. `add()` is the counted steps' path."""
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, steps: Iterable[StepCounts] = ()) -> None:
+        self._rows = array("q")
+        for counts in steps:
+            self.append(counts)
+
+    def add(self, step: int, calls: int, roots: int, saved: int, retained: int, peak: int) -> None:
+        """A counted step's end."""
+        self._rows.extend((step, calls, roots, saved, retained, peak, 0))
+
+    def append(self, counts: StepCounts) -> None:
+        self._rows.extend(
+            (
+                counts.step,
+                counts.backward_calls,
+                counts.live_roots,
+                counts.live_saved,
+                counts.retained_bytes,
+                counts.peak_bytes,
+                int(counts.captured),
+            )
+        )
+
+    def rose_at_last(self, period: int = 1) -> bool:
+        """Whether live roots or retained bytes rose at the last step end since the step end
+        `period` steps before it (read in place)."""
+        rows = self._rows
+        if len(rows) < (period + 1) * _ROW:
+            return False
+        last = len(rows) - _ROW
+        before = last - period * _ROW
+        return (
+            rows[last + _ROOTS] > rows[before + _ROOTS]
+            or rows[last + _RETAINED] > rows[before + _RETAINED]
+        )
+
+    def _at(self, index: int) -> StepCounts:
+        step, calls, roots, saved, retained, peak, captured = self._rows[
+            index * _ROW : (index + 1) * _ROW
+        ]
+        return StepCounts(step, calls, roots, saved, retained, peak, bool(captured))
+
+    def __len__(self) -> int:
+        return len(self._rows) // _ROW
+
+    @overload
+    def __getitem__(self, index: int) -> StepCounts: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[StepCounts]: ...
+
+    def __getitem__(self, index: int | slice) -> StepCounts | list[StepCounts]:
+        if isinstance(index, slice):
+            return [self._at(i) for i in range(*index.indices(len(self)))]
+        size = len(self)
+        if index < 0:
+            index += size
+        if not 0 <= index < size:
+            raise IndexError("step index out of range")
+        return self._at(index)
+
+    def __iter__(self) -> Iterator[StepCounts]:
+        return (self._at(i) for i in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, StepLog):
+            return self._rows == other._rows
+        if isinstance(other, list):
+            return list(self) == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"StepLog({list(self)!r})"
 
 
 @dataclass(frozen=True)
@@ -138,7 +226,7 @@ class WatchRecord:
     the out-of-memory post-mortem (or None), the error that ended it (or None)."""
 
     options: WatchOptions = field(default_factory=WatchOptions)
-    steps: list[StepCounts] = field(default_factory=list)
+    steps: StepLog = field(default_factory=StepLog)
     windows: list[CaptureWindow] = field(default_factory=list)
     out_of_memory: OutOfMemory | None = None
     error: str | None = None
@@ -175,18 +263,37 @@ def module_hooks_too_costly(calls: int, step_seconds: float) -> str:
 LOOKBACK = 200
 
 
-def growth_start(steps: Sequence[StepCounts], after: int) -> tuple[str, int] | None:
+def growth_start(
+    steps: Sequence[StepCounts], after: int, period: int = 1
+) -> tuple[str, int] | None:
     """What rose ('live backward roots' or 'retained saved tensors') at each of the last `after`
     step ends, past the most it reached before that rise, and the step where that unbroken rise
     began; None when neither did (a correct loop ends its steps alike). A loop with several
-    backward calls per iteration (a GAN's, a meta-loss over tasks) may rise within each
-    iteration and fall at its end: such a rise that goes no higher than an earlier one is the
-    same iteration again, not growth."""
+    backward calls per iteration (`period`, see `repeat_period`: DCGAN's three) is read at the
+    step ends of one phase of its iterations (every `period`-th step end back from the last):
+    within an iteration the counts rise and fall, from one iteration to the next they stay
+    flat. A rise that goes no higher than an earlier one is the same pattern again, not
+    growth."""
+    if period > 1:
+        if len(steps) <= after * period:
+            return None
+        if isinstance(steps, StepLog) and not steps.rose_at_last(period):
+            return None
+        reach = (after + 2 * LOOKBACK + 2) * period
+        phase = steps[max(0, len(steps) - reach) :][::-1][::period][::-1]
+        return growth_start(phase, after)
     if after < 1 or len(steps) <= after:
         return None
-    last, previous = steps[-1], steps[-2]
-    if last.live_roots <= previous.live_roots and last.retained_bytes <= previous.retained_bytes:
-        return None  # the usual step end: nothing rose at the last one
+    if isinstance(steps, StepLog):
+        if not steps.rose_at_last():
+            return None  # the usual step end, read in place
+    else:
+        last, previous = steps[-1], steps[-2]
+        if (
+            last.live_roots <= previous.live_roots
+            and last.retained_bytes <= previous.retained_bytes
+        ):
+            return None  # the usual step end: nothing rose at the last one
     for what, read in (("live backward roots", _roots), ("retained saved tensors", _retained)):
         values = [read(s) for s in steps[-after - 1 :]]
         if not all(b > a for a, b in itertools.pairwise(values)):
@@ -200,6 +307,21 @@ def growth_start(steps: Sequence[StepCounts], after: int) -> tuple[str, int] | N
             continue
         return what, steps[first].step
     return None
+
+
+# Backward calls one loop iteration may make (a WGAN-GP's critic steps and more).
+MAX_PERIOD = 8
+
+
+def repeat_period(values: Sequence[Any], max_period: int = MAX_PERIOD) -> int:
+    """The smallest p for which the last values (two iterations' worth at most) repeat every p
+    (1 for a plain loop's backward lines, 3 for DCGAN's D-real, D-fake, G calls). Where no
+    period up to `max_period` fits, `max_period`: a slower answer, never a wrong one."""
+    recent = list(values)[-2 * max_period :]
+    for p in range(1, max_period + 1):
+        if all(recent[i] == recent[i - p] for i in range(p, len(recent))):
+            return p
+    return max_period
 
 
 def _roots(counts: StepCounts) -> int:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from autograd_magic.model.records import BlindspotKind
-from autograd_magic.model.watch import HeldSaved, StepCounts
+from autograd_magic.model.watch import HeldSaved, StepCounts, StepLog
 from autograd_magic.recorder import counted_calls, install, native, stacks, torch_api
 from autograd_magic.recorder.deferred import finalizer, hold, pending, raise_pending
 from autograd_magic.recorder.nodes import current_sequence_nr
@@ -209,6 +209,24 @@ class StepCounter:
         self._calls = 0
         self._tally.peak = live
         return counts
+
+    def end_counted_step(self, log: StepLog, step: int) -> None:
+        """`end_step` for a counted step: its counters go into `log` as one row, no object
+        made (the path every counted step takes)."""
+        tally = self._tally
+        live = tally.packed_bytes - tally.released_bytes
+        peak = tally.peak
+        log.add(
+            step,
+            self._calls,
+            self._roots_tagged - tally.roots_died,
+            tally.packed - tally.released,
+            live,
+            peak if peak > live else live,
+        )
+        self._step += 1
+        self._calls = 0
+        tally.peak = live
 
     def held_now(self) -> list[HeldSaved]:
         """What the live saved tensors hold, one entry per distinct storage, largest first."""
