@@ -50,10 +50,12 @@ typedef struct {
     PyObject *frame;  /* the watched block's frame, or None: each new storage notes its line */
     PyObject *module; /* the top-level module running now ("" outside any) */
     PyObject *peek;   /* the next node's sequence number on this thread */
+    PyObject *on_pile; /* called once when live counted bytes pass pile_limit, or None */
     vectorcallfunc vectorcall;
     long long packed, released, packed_bytes, released_bytes, peak;
     long long roots_died; /* backward roots whose node died (their RootTag with it) */
     long long next_negative; /* the key of the next storage-less tensor */
+    long long pile_limit;    /* live counted bytes past which on_pile is called (0: never) */
 } Packer;
 
 typedef struct {
@@ -360,6 +362,20 @@ static PyObject *new_entry(Packer *self, PyObject *tensor, long long size, int c
     return entry;
 }
 
+/* Live counted bytes passed the pile limit: disarm it and tell on_pile, once. Its errors are
+ * dropped: the user's op that saved the tensor must not fail for the watcher's sake. */
+static void pile_passed(Packer *self) {
+    self->pile_limit = 0;
+    if (self->on_pile == NULL || self->on_pile == Py_None) {
+        return;
+    }
+    PyObject *result = PyObject_CallNoArgs(self->on_pile);
+    if (result == NULL) {
+        PyErr_Clear();
+    }
+    Py_XDECREF(result);
+}
+
 /* Count a new use of the tensor's storage; its bytes once, when only the graph holds it. */
 static int count_storage(Packer *self, CountedSaved *packed, PyObject *tensor, PyObject *holder) {
     long long key, size;
@@ -396,6 +412,9 @@ static int count_storage(Packer *self, CountedSaved *packed, PyObject *tensor, P
         long long total = self->packed_bytes - self->released_bytes;
         if (total > self->peak) {
             self->peak = total;
+        }
+        if (self->pile_limit > 0 && total > self->pile_limit) {
+            pile_passed(self);
         }
     }
     return status;
@@ -460,6 +479,7 @@ static PyObject *Packer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     }
     self->live = Py_NewRef(live);
     self->peek = Py_NewRef(peek);
+    self->on_pile = Py_NewRef(Py_None);
     self->frame = Py_NewRef(Py_None);
     self->module = PyUnicode_FromString("");
     self->vectorcall = (vectorcallfunc)Packer_vectorcall;
@@ -476,6 +496,7 @@ static int Packer_traverse(Packer *self, visitproc visit, void *arg) {
     Py_VISIT(self->frame);
     Py_VISIT(self->module);
     Py_VISIT(self->peek);
+    Py_VISIT(self->on_pile);
     return 0;
 }
 
@@ -484,6 +505,7 @@ static int Packer_clear(Packer *self) {
     Py_CLEAR(self->frame);
     Py_CLEAR(self->module);
     Py_CLEAR(self->peek);
+    Py_CLEAR(self->on_pile);
     return 0;
 }
 
@@ -534,6 +556,9 @@ static PyMemberDef Packer_members[] = {
      "Counted bytes released."},
     {"peak", T_LONGLONG, offsetof(Packer, peak), 0, "Peak live counted bytes this step."},
     {"roots_died", T_LONGLONG, offsetof(Packer, roots_died), 0, "Tagged roots that died."},
+    {"pile_limit", T_LONGLONG, offsetof(Packer, pile_limit), 0,
+     "Live counted bytes past which on_pile is called once (0: never)."},
+    {"on_pile", T_OBJECT, offsetof(Packer, on_pile), 0, "Called when bytes pass pile_limit."},
     {NULL, 0, 0, 0, NULL},
 };
 

@@ -26,6 +26,7 @@ from autograd_magic.model.watch import (
     MAX_PERIOD,
     MODULE_CHECK_STEPS,
     MODULE_WARM_STEPS,
+    PILE_STEPS,
     CaptureWindow,
     HeldSaved,
     OutOfMemory,
@@ -114,6 +115,9 @@ class Watch:
         # iterations, not within one.
         self._lines: deque[tuple[CodeType | None, int]] = deque(maxlen=2 * MAX_PERIOD)
         self._period = 1
+        # A module pre-hook that opens a window at the next module call, once saved tensors
+        # piled up with no backward call (see `_on_pile`).
+        self._pile_hook: Any = None
 
     # ----- the block ----------------------------------------------------------------------
     def __enter__(self) -> Watch:
@@ -150,6 +154,9 @@ class Watch:
                 self._counter.block_frame = None
             self._purge()
             self._stop_purging()
+            hook, self._pile_hook = self._pile_hook, None
+            if hook is not None:
+                hook.remove()
             if self._counter is not None:
                 self._counter.remove()
             self.result.finish(None if error is None else f"{type(error).__name__}: {error}")
@@ -211,6 +218,8 @@ class Watch:
             if len(self._step_times) < MODULE_CHECK_STEPS:
                 self._check_module_cost(counter, True)
             self._maybe_open(step)
+            if self._window is None and len(result.windows) < self.options.max_windows:
+                counter.watch_pile(PILE_STEPS, self._on_pile)
             return
         counts = _captured(counter.end_step(step=step), self._recorder, self._step_end_seq)
         self._step_end_seq = window.trace.seq
@@ -219,6 +228,26 @@ class Watch:
         window.last_step = step
         if step - window.first_step + 1 >= window.planned_steps:
             self._close_window(None, None, None)
+
+    def _on_pile(self) -> None:
+        """Called from the pack hook: live saved bytes passed what the last step end left plus
+        `PILE_STEPS` steps' worth, with no backward call since (outputs kept with their graphs
+        after training, a validation loop without no_grad). A window opens at the next module
+        call, where no torch op is running."""
+        if self._window is None and self._pile_hook is None:
+            self._pile_hook = register_module_forward_pre_hook(self._open_piled)
+
+    def _open_piled(self, *args: Any) -> None:
+        hook, self._pile_hook = self._pile_hook, None
+        if hook is not None:
+            hook.remove()
+        if self._window is not None or len(self.result.windows) >= self.options.max_windows:
+            return
+        self._open_window(
+            self.options.capture_steps,
+            f"saved tensors piled up with no backward call to free them (more than "
+            f"{PILE_STEPS} times what a step saved)",
+        )
 
     def _note_line(self) -> None:
         """Note the line that called this step's backward, and the loop's period."""

@@ -22,7 +22,7 @@ from scenarios import Probe, Run, _freeze, assert_same, run_untracked, seed_all
 from test_differential import SCENARIOS
 from torch import nn
 
-from autograd_magic.model.watch import StepCounts
+from autograd_magic.model.watch import StepCounts, StepLog
 from autograd_magic.recorder import counting, native, nodes, torch_api
 from autograd_magic.recorder.counting import StepCounter
 
@@ -112,6 +112,28 @@ def test_a_carried_rnn_state_grows_the_retained_bytes(gc_disabled):
             h.pow(2).mean().backward(retain_graph=True)
             retained.append(counter.end_step().retained_bytes)
     assert all(b > a for a, b in itertools.pairwise(retained)), retained
+
+
+def test_the_pile_callback_runs_once_when_forwards_pile_up_with_no_backward(gc_disabled):
+    """GIVEN two counted training steps, then forwards whose outputs are kept with no backward
+    WHEN the counter watches for a pile of 3 steps' worth THEN the callback runs once, during
+    the 5th kept forward (a kept forward saves less than a step: `x` is one storage, counted
+    once, and no loss is saved), and not at all for forwards that drop their outputs."""
+    model, opt, x, y = mlp()
+    calls: list[int] = []
+    kept = []
+    with StepCounter() as counter:
+        for _ in range(2):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            counter.end_counted_step(StepLog(), 0)
+        counter.watch_pile(3, lambda: calls.append(len(kept)))
+        for _ in range(3):
+            model(x)  # dropped at once: nothing piles up
+        assert calls == []
+        for _ in range(6):
+            kept.append(model(x))
+    assert calls == [4]  # called while the 5th was saving, with 4 in the list
 
 
 def test_backward_end_callback_runs_after_each_outermost_call_even_when_it_raises(gc_disabled):

@@ -109,6 +109,39 @@ def test_a_gan_loop_is_read_across_its_iterations():
     assert "live backward roots grew" in leak.windows[0].reason
 
 
+def train_then_evaluate(keep: bool):
+    """10 training steps, then 10 evaluation batches without torch.no_grad(), the outputs kept
+    in a list (`keep`, the findings corpus's kept-logits) or only their argmax kept."""
+    model, x, y = model_and_data()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    outputs = []
+    with am.watch(first=0) as w:
+        for _ in range(10):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        for _ in range(10):
+            output = model(x + 1)
+            outputs.append(output if keep else output.argmax(1))
+    return w.result
+
+
+def test_outputs_kept_after_the_last_backward_open_a_window_that_names_them():
+    """GIVEN a training loop, then an evaluation loop keeping its outputs with their graphs
+    (no backward after the last training step: no step end reads the counters) WHEN watched
+    THEN a window opens once saved tensors pile up past 3 steps' worth, and its findings name
+    `outputs`; evaluation keeping only the argmax opens none."""
+    kept = train_then_evaluate(keep=True)
+    assert len(kept.windows) == 1
+    window = kept.windows[0]
+    assert window.steps_text == "the ops after step 10"
+    assert window.reason.startswith("saved tensors piled up with no backward call")
+    assert [(f.kind, f.holder) for f in kept.findings] == [("kept-alive", "outputs")]
+    text = render_watch_text(kept.report())
+    assert "The ops after step 10 captured: saved tensors piled up" in text
+    assert train_then_evaluate(keep=False).windows == []
+
+
 def test_watching_changes_no_value_or_gradient():
     """GIVEN the same training loop untracked and watched THEN weights are equal bit for bit."""
     model, x, y = model_and_data()

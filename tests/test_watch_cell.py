@@ -128,21 +128,8 @@ def _findings(shell, options: str, cell: str) -> tuple[object, set[tuple[str, st
     return trace, {(f.kind, f.holder, f.line) for f in trace.findings}
 
 
-# Graphs kept after the last backward call: no step ends after them, so no counter is read
-# and no window opens; --full records them (kept-alive `all_outputs`).
-AFTER_THE_LAST_STEP = {
-    "kept-logits": "outputs kept with their graphs after the last backward call end no step: "
-    "escalation reads the counters at step ends only, so the default captures nothing there",
-}
-
-
-def _cell(name: str) -> object:
-    gap = AFTER_THE_LAST_STEP.get(name)
-    return pytest.param(name, marks=[pytest.mark.xfail(reason=gap, strict=True)] if gap else [])
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [_cell(name) for name in sorted(CELLS)])
+@pytest.mark.parametrize("name", sorted(CELLS))
 def test_a_long_cell_finds_by_default_what_full_capture_finds(shell, name):
     """GIVEN a 40-step loop in a `%%trackgraph` cell WHEN run with the default options and with
     --full THEN both give the same findings (kind, holder, line); the default counted the steps

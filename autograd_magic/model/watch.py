@@ -162,9 +162,11 @@ class CaptureWindow:
 
     @property
     def steps_text(self) -> str:
-        """'step 4' or 'steps 4-6' (or 'from step 4' while none has ended)."""
+        """'step 4' or 'steps 4-6'; 'the ops after step 3' (or 'the ops from the start') when
+        no step ended in it (it is still recording, or no backward came after it opened)."""
         if self.last_step < self.first_step:
-            return f"from step {self.first_step}"
+            after = self.first_step - 1
+            return f"the ops after step {after:,}" if after else "the ops from the start"
         if self.last_step == self.first_step:
             return f"step {self.first_step}"
         return f"steps {self.first_step}-{self.last_step}"
@@ -308,6 +310,11 @@ def growth_start(
         return what, steps[first].step
     return None
 
+
+# Saved bytes, in units of the most a counted step saved, that may pile up past the last step
+# end with no backward call before a window opens (outputs kept with their graphs after the last
+# backward: one step's forward, a validation batch or two, stay under it).
+PILE_STEPS = 3
 
 # Backward calls one loop iteration may make (a WGAN-GP's critic steps and more).
 MAX_PERIOD = 8

@@ -18,6 +18,7 @@ with the same results (tests/test_counting.py runs both).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import weakref
@@ -79,9 +80,11 @@ class _Tally:
         "__weakref__",
         "frame",
         "module",
+        "on_pile",
         "packed",
         "packed_bytes",
         "peak",
+        "pile_limit",
         "released",
         "released_bytes",
         "roots_died",
@@ -90,6 +93,10 @@ class _Tally:
     def __init__(self) -> None:
         self.frame: FrameType | None = None  # the block's frame, only while installed
         self.module = ""  # the top-level module running now ("" outside any)
+        # Called once when the live counted bytes pass `pile_limit` (0: never); see
+        # `StepCounter.watch_pile`.
+        self.pile_limit = 0
+        self.on_pile: Callable[[], Any] | None = None
         # Written by the pack hook and end_step (installing thread) only:
         self.packed = self.packed_bytes = self.peak = 0
         # Written by finalizers only (any thread):
@@ -151,6 +158,10 @@ class StepCounter:
         self._module_depth = 0
         self.module_calls = 0  # module calls seen on the installing thread (nested ones too)
         self._modules = False  # whether the global module hooks tell this counter of calls
+        # Live counted bytes at the last step end, and the most any counted step saved above
+        # what the step before it left (a step's own forward): the pile limit's unit.
+        self._end_bytes = 0
+        self.step_bytes = 0
 
     @property
     def block_frame(self) -> FrameType | None:
@@ -208,6 +219,7 @@ class StepCounter:
         self._step += 1
         self._calls = 0
         self._tally.peak = live
+        self._end_bytes = live
         return counts
 
     def end_counted_step(self, log: StepLog, step: int) -> None:
@@ -216,6 +228,9 @@ class StepCounter:
         tally = self._tally
         live = tally.packed_bytes - tally.released_bytes
         peak = tally.peak
+        if peak - self._end_bytes > self.step_bytes:
+            self.step_bytes = peak - self._end_bytes
+        self._end_bytes = live
         log.add(
             step,
             self._calls,
@@ -227,6 +242,18 @@ class StepCounter:
         self._step += 1
         self._calls = 0
         tally.peak = live
+
+    def watch_pile(self, steps: float, on_pile: Callable[[], Any] | None) -> None:
+        """Call `on_pile()` once if the live counted bytes pass what they are now plus `steps`
+        times the most a counted step saved (forward passes with no backward keeping their
+        graphs); `on_pile=None` (or no counted step yet) disarms it."""
+        tally = self._tally
+        if on_pile is None or self.step_bytes <= 0:
+            tally.pile_limit = 0
+            tally.on_pile = None
+            return
+        tally.on_pile = on_pile
+        tally.pile_limit = tally.packed_bytes - tally.released_bytes + int(steps * self.step_bytes)
 
     def held_now(self) -> list[HeldSaved]:
         """What the live saved tensors hold, one entry per distinct storage, largest first."""
@@ -292,6 +319,7 @@ class StepCounter:
             return
         self._installed = False
         self._tally.frame = None  # a packed object outliving the block must not hold its locals
+        self.watch_pile(0, None)  # its callback holds the watch: no cycle outlives the block
         self.stop_modules()
         counted_calls.remove_counter(self)
         install.remove_patches(self)
@@ -363,6 +391,8 @@ class StepCounter:
                 total -= tally.released_bytes
                 if total > tally.peak:
                     tally.peak = total
+                if 0 < tally.pile_limit < total:
+                    _pile_passed(tally)
             return packed
 
         return pack
@@ -442,6 +472,16 @@ class StepCounter:
         if self._suspended and self._installed and self._pack is not None:
             self._suspended = False
             stacks.push_hooks(self._pack, _UNPACK)
+
+
+def _pile_passed(tally: _Tally) -> None:
+    """Live counted bytes passed the pile limit: disarm it and tell `on_pile`, once (its errors
+    are dropped: the user's op that saved the tensor must not fail for the watcher's sake)."""
+    tally.pile_limit = 0
+    on_pile = tally.on_pile
+    if on_pile is not None:
+        with contextlib.suppress(Exception):
+            on_pile()
 
 
 def _peek() -> Callable[[], int]:

@@ -82,8 +82,9 @@ def summary(record: WatchRecord) -> list[Sentence]:
     if max(roots) <= roots[0] + 1 and max(retained) == retained[0]:
         out.append(
             Sentence(
-                f"The counters stayed flat: {roots[-1]:,} live backward root(s) and "
-                f"{format_bytes(retained[-1])} of saved tensors at the last step's end.",
+                f"The counters stayed flat from step to step: "
+                f"{_count(roots[-1], 'live backward root')} and {format_bytes(retained[-1])} of "
+                "saved tensors at the last step's end.",
                 None,
                 "note",
             )
@@ -156,7 +157,8 @@ def out_of_memory_sentences(oom: OutOfMemory) -> tuple[Sentence, ...]:
         Sentence(
             f"Out of memory at step {oom.step:,} ({oom.error.split(':', 1)[0]}). Autograd held "
             f"{format_bytes(oom.retained_bytes)} in {oom.saved_tensors:,} saved tensors, in "
-            f"{oom.live_roots:,} graph(s) that reached a backward call and are still alive.",
+            f"{_count(oom.live_roots, 'graph')} that reached a backward call and are still "
+            "alive.",
             None,
             "error",
         )
@@ -172,3 +174,8 @@ def out_of_memory_sentences(oom: OutOfMemory) -> tuple[Sentence, ...]:
         trend = ", ".join(format_bytes(s.retained_bytes) for s in oom.last_steps)
         out.append(Sentence(f"Retained at the last steps' ends: {trend}.", None, "note"))
     return tuple(out)
+
+
+def _count(n: int, noun: str) -> str:
+    """'1 graph', '3 graphs'."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
