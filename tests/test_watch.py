@@ -109,29 +109,39 @@ def test_a_gan_loop_is_read_across_its_iterations():
     assert "live backward roots grew" in leak.windows[0].reason
 
 
-def train_then_evaluate(keep: bool):
+def train_then_evaluate(keep: bool, watched: bool = True):
     """10 training steps, then 10 evaluation batches without torch.no_grad(), the outputs kept
-    in a list (`keep`, the findings corpus's kept-logits) or only their argmax kept."""
+    in a list (`keep`, the findings corpus's kept-logits) or only their argmax kept. The watch
+    result (None unwatched) and the outputs, then a backward through them (the gradients)."""
     model, x, y = model_and_data()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     outputs = []
-    with am.watch(first=0) as w:
+    block = am.watch(first=0) if watched else contextlib.nullcontext()
+    with block as w:
         for _ in range(10):
             opt.zero_grad()
             torch.nn.functional.mse_loss(model(x), y).backward()
             opt.step()
-        for _ in range(10):
-            output = model(x + 1)
+        for i in range(10):
+            output = model(x + i)
             outputs.append(output if keep else output.argmax(1))
-    return w.result
+    if keep:
+        opt.zero_grad()
+        torch.cat(outputs).sum().backward()
+    grads = [p.grad for p in model.parameters()]
+    return (w.result if watched else None), outputs, grads
 
 
 def test_outputs_kept_after_the_last_backward_open_a_window_that_names_them():
     """GIVEN a training loop, then an evaluation loop keeping its outputs with their graphs
     (no backward after the last training step: no step end reads the counters) WHEN watched
     THEN a window opens once saved tensors pile up past 3 steps' worth, and its findings name
-    `outputs`; evaluation keeping only the argmax opens none."""
-    kept = train_then_evaluate(keep=True)
+    `outputs`; the outputs and a later backward through them are the unwatched run's, bit for
+    bit; evaluation keeping only the argmax opens none."""
+    kept, outputs, grads = train_then_evaluate(keep=True)
+    _, plain_outputs, plain_grads = train_then_evaluate(keep=True, watched=False)
+    assert all(torch.equal(a, b) for a, b in zip(outputs, plain_outputs, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads, strict=True))
     assert len(kept.windows) == 1
     window = kept.windows[0]
     assert window.steps_text == "the ops after step 10"
@@ -139,7 +149,7 @@ def test_outputs_kept_after_the_last_backward_open_a_window_that_names_them():
     assert [(f.kind, f.holder) for f in kept.findings] == [("kept-alive", "outputs")]
     text = render_watch_text(kept.report())
     assert "The ops after step 10 captured: saved tensors piled up" in text
-    assert train_then_evaluate(keep=False).windows == []
+    assert train_then_evaluate(keep=False)[0].windows == []
 
 
 def test_watching_changes_no_value_or_gradient():
