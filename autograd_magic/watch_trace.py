@@ -50,10 +50,7 @@ class WatchTrace(WatchRecord):
     def _thin(self) -> None:
         """Keep the first steps, every captured one and every other counted one after them:
         memory stays flat however long the run (the table shows the ends and windows)."""
-        head, rest = self.steps[:100], self.steps[100:]
-        kept = [s for i, s in enumerate(rest) if s.captured or i % 2 == 0 or i == len(rest) - 1]
-        self.thinned += len(self.steps) - len(head) - len(kept)
-        self.steps = StepLog(head + kept)
+        self.thinned += self.steps.thin(head=100)
 
     def finish(self, error: str | None) -> None:
         self.error = error
@@ -78,7 +75,7 @@ class WatchTrace(WatchRecord):
             "options": dataclasses.asdict(self.options),
             "finished": self.finished,
             "error": self.error,
-            "steps": [list(dataclasses.astuple(s)) for s in self.steps],
+            "steps": self.steps.as_lists(),
             "thinned": self.thinned,
             "modules_off": self.modules_off,
             "out_of_memory": None

@@ -70,13 +70,9 @@ def reference() -> Callable[[], None]:
 
 
 def records_bytes(result: WatchTrace) -> int:
-    """Bytes of the step records a watch keeps (the list, each record and its fields): what
-    grows with the steps; the windows' traces are fixed once their steps are over."""
-    size = sys.getsizeof(result.steps)
-    for record in result.steps:
-        size += sys.getsizeof(record) + sys.getsizeof(record.__dict__)
-        size += sum(sys.getsizeof(v) for v in record.__dict__.values() if type(v) is int)
-    return size
+    """Bytes of the step records a watch keeps (the `StepLog` and its rows): what grows with
+    the steps; the windows' traces are fixed once their steps are over."""
+    return sys.getsizeof(result.steps) + result.steps.nbytes
 
 
 def rss_bytes() -> int:

@@ -9,6 +9,7 @@ import tracemalloc
 
 import autograd_magic
 from autograd_magic import watch_trace
+from autograd_magic.model.watch import StepCounts, StepLog
 from benchmarks.long_watch import records_bytes, tiny_step, watched_run
 
 
@@ -59,3 +60,23 @@ def test_step_records_are_counted_in_bytes():
         for _ in range(3):
             step()
     assert records_bytes(w.result) > one > 0
+
+
+def test_the_step_log_reads_back_what_went_in_and_thins_as_the_list_rule_says():
+    """GIVEN 300 steps (two captured) in a StepLog THEN it reads back as the StepCounts added
+    (indexing, slices, columns, JSON lists, equality), and thinning past 100 keeps the first
+    100, both captured steps, every other counted one and the last, as the list rule did."""
+    steps = [
+        StepCounts(i, 1, i % 3, 2 * i, 8 * i, 9 * i, captured=i in (150, 151))
+        for i in range(1, 301)
+    ]
+    log = StepLog(steps)
+    assert len(log) == 300 and log == steps and list(log) == steps
+    assert log[-1] == steps[-1] and log[10:13] == steps[10:13]
+    assert log.column("retained_bytes") == [8 * i for i in range(1, 301)]
+    assert log.as_lists()[149] == [150, 1, 0, 300, 1200, 1350, True]
+    rest = steps[100:]
+    kept = [s for i, s in enumerate(rest) if s.captured or i % 2 == 0 or i == len(rest) - 1]
+    assert log.thin(head=100) == 300 - 100 - len(kept)
+    assert list(log) == steps[:100] + kept
+    assert {150, 151, 300} <= {s.step for s in log}

@@ -36,7 +36,8 @@ class StepCounts:
 
 
 # A step's fields in a `StepLog` row, in `StepCounts` order.
-_ROW = 7
+_FIELDS = tuple(f.name for f in dataclasses.fields(StepCounts))
+_ROW = len(_FIELDS)
 _ROOTS, _RETAINED = 2, 4
 
 
@@ -80,6 +81,36 @@ class StepLog(Sequence[StepCounts]):
             rows[last + _ROOTS] > rows[before + _ROOTS]
             or rows[last + _RETAINED] > rows[before + _RETAINED]
         )
+
+    def thin(self, head: int) -> int:
+        """Keep the first `head` steps, then every captured step, every other counted one and
+        the last; return how many were dropped (memory stays flat however long the run)."""
+        rows, count = self._rows, len(self)
+        kept = rows[: head * _ROW]
+        rest = count - head
+        for i in range(rest):
+            start = (head + i) * _ROW
+            if i % 2 == 0 or i == rest - 1 or rows[start + _ROW - 1]:
+                kept.extend(rows[start : start + _ROW])
+        self._rows = kept
+        return count - len(self)
+
+    def as_lists(self) -> list[list[int | bool]]:
+        """Each step as the list of its fields (`captured` a bool): the JSON form."""
+        rows = self._rows
+        return [
+            [*rows[start : start + _ROW - 1], bool(rows[start + _ROW - 1])]
+            for start in range(0, len(rows), _ROW)
+        ]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the rows take (8 a field, 56 a step, plus the array's spare room)."""
+        return self._rows.buffer_info()[1] * self._rows.itemsize
+
+    def column(self, name: str) -> list[int]:
+        """One field of every step, in step order ('live_roots', 'captured' as 0/1, ...)."""
+        return list(self._rows[_FIELDS.index(name) :: _ROW])
 
     def _at(self, index: int) -> StepCounts:
         step, calls, roots, saved, retained, peak, captured = self._rows[

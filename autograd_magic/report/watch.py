@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from autograd_magic.analysis.result import analyze
 from autograd_magic.model.units import format_bytes
-from autograd_magic.model.watch import OutOfMemory, StepCounts, WatchRecord
+from autograd_magic.model.watch import OutOfMemory, StepCounts, StepLog, WatchRecord
 from autograd_magic.report.build import ReportOptions, build_report
 from autograd_magic.report.model import Report, Sentence, Table
 
@@ -63,7 +63,7 @@ def summary(record: WatchRecord) -> list[Sentence]:
     steps = record.steps
     if not steps:
         return [Sentence("No step ended (a step ends with each backward call).", None, "note")]
-    captured = sum(1 for s in steps if s.captured)
+    captured = sum(_column(steps, "captured"))
     last = steps[-1]
     out = [
         Sentence(
@@ -77,8 +77,8 @@ def summary(record: WatchRecord) -> list[Sentence]:
         out.append(
             Sentence(f"{window.steps_text.capitalize()} captured: {window.reason}.", None, "note")
         )
-    roots = [s.live_roots for s in steps]
-    retained = [s.retained_bytes for s in steps]
+    roots = _column(steps, "live_roots")
+    retained = _column(steps, "retained_bytes")
     if max(roots) <= roots[0] + 1 and max(retained) == retained[0]:
         out.append(
             Sentence(
@@ -92,7 +92,7 @@ def summary(record: WatchRecord) -> list[Sentence]:
     else:
         out.append(
             Sentence(
-                f"At the last step's end {roots[-1]:,} backward roots were alive (most "
+                f"At the last step's end {_count(roots[-1], 'backward root')} were alive (most "
                 f"{max(roots):,}) and graphs held {format_bytes(retained[-1])} of saved tensors "
                 f"(most {format_bytes(max(retained))}).",
                 None,
@@ -107,8 +107,9 @@ def steps_table(steps: Sequence[StepCounts]) -> Table:
     ends (with the step on each side)."""
     keep: set[int] = set(range(min(STEP_ROWS // 2, len(steps))))
     keep |= set(range(max(0, len(steps) - STEP_ROWS // 2), len(steps)))
+    captured = _column(steps, "captured")
     for i in range(1, len(steps)):
-        if steps[i].captured != steps[i - 1].captured:
+        if captured[i] != captured[i - 1]:
             keep |= {i - 2, i - 1, i, i + 1}
     rows = []
     previous = -1
@@ -179,3 +180,10 @@ def out_of_memory_sentences(oom: OutOfMemory) -> tuple[Sentence, ...]:
 def _count(n: int, noun: str) -> str:
     """'1 graph', '3 graphs'."""
     return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
+def _column(steps: Sequence[StepCounts], name: str) -> list[int]:
+    """One counter of every step (read in place from a `StepLog`)."""
+    if isinstance(steps, StepLog):
+        return steps.column(name)
+    return [int(getattr(s, name)) for s in steps]
