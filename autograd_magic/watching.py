@@ -218,16 +218,25 @@ class Watch:
             if len(self._step_times) < MODULE_CHECK_STEPS:
                 self._check_module_cost(counter, True)
             self._maybe_open(step)
-            if self._window is None and len(result.windows) < self.options.max_windows:
-                counter.watch_pile(PILE_STEPS, self._on_pile)
+            self._watch_pile(counter)
             return
         counts = _captured(counter.end_step(step=step), self._recorder, self._step_end_seq)
         self._step_end_seq = window.trace.seq
+        # What a captured step saved (its record's peak above the step before's end) sizes the
+        # pile limit too: a loop whose steps were all captured still has one after its window.
+        before = result.steps[-1].retained_bytes if len(result.steps) else 0
+        counter.step_bytes = max(counter.step_bytes, counts.peak_bytes - before)
         result.add_step(counts)
         self._check_module_cost(counter, False)
         window.last_step = step
         if step - window.first_step + 1 >= window.planned_steps:
             self._close_window(None, None, None)
+            self._watch_pile(counter)
+
+    def _watch_pile(self, counter: StepCounter) -> None:
+        """Between windows, have the pack hook call `_on_pile` if saved tensors pile up."""
+        if self._window is None and len(self.result.windows) < self.options.max_windows:
+            counter.watch_pile(PILE_STEPS, self._on_pile)
 
     def _on_pile(self) -> None:
         """Called from the pack hook: live saved bytes passed what the last step end left plus

@@ -109,14 +109,14 @@ def test_a_gan_loop_is_read_across_its_iterations():
     assert "live backward roots grew" in leak.windows[0].reason
 
 
-def train_then_evaluate(keep: bool, watched: bool = True):
+def train_then_evaluate(keep: bool, watched: bool = True, first: int = 0):
     """10 training steps, then 10 evaluation batches without torch.no_grad(), the outputs kept
     in a list (`keep`, the findings corpus's kept-logits) or only their argmax kept. The watch
     result (None unwatched) and the outputs, then a backward through them (the gradients)."""
     model, x, y = model_and_data()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     outputs = []
-    block = am.watch(first=0) if watched else contextlib.nullcontext()
+    block = am.watch(first=first) if watched else contextlib.nullcontext()
     with block as w:
         for _ in range(10):
             opt.zero_grad()
@@ -150,6 +150,11 @@ def test_outputs_kept_after_the_last_backward_open_a_window_that_names_them():
     text = render_watch_text(kept.report())
     assert "The ops after step 10 captured: saved tensors piled up" in text
     assert train_then_evaluate(keep=False)[0].windows == []
+    # Every training step captured (the first window ends with them): the captured steps'
+    # records size the limit, and the outputs kept after them open a second window.
+    both, _, _ = train_then_evaluate(keep=True, first=10)
+    assert [w.steps_text for w in both.windows] == ["steps 1-10", "the ops after step 10"]
+    assert [(f.kind, f.holder) for f in both.findings] == [("kept-alive", "outputs")]
 
 
 def test_watching_changes_no_value_or_gradient():

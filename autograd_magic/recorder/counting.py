@@ -158,8 +158,9 @@ class StepCounter:
         self._module_depth = 0
         self.module_calls = 0  # module calls seen on the installing thread (nested ones too)
         self._modules = False  # whether the global module hooks tell this counter of calls
-        # Live counted bytes at the last step end, and the most any counted step saved above
-        # what the step before it left (a step's own forward): the pile limit's unit.
+        # Live counted bytes at the last step end, and the most a step saved above what the
+        # step before it left (a step's own forward; watch mode adds its captured steps'): the
+        # pile limit's unit.
         self._end_bytes = 0
         self.step_bytes = 0
 
