@@ -155,6 +155,9 @@ def test_outputs_kept_after_the_last_backward_open_a_window_that_names_them():
     both, _, _ = train_then_evaluate(keep=True, first=10)
     assert [w.steps_text for w in both.windows] == ["steps 1-10", "the ops after step 10"]
     assert [(f.kind, f.holder) for f in both.findings] == [("kept-alive", "outputs")]
+    text = render_watch_text(both.report(block="cell"))
+    assert "When the capture of steps 1-10 ended, " in text  # not "when the cell ended"
+    assert "When the cell ended, " in text  # the last window recorded to the cell's end
 
 
 def test_watching_changes_no_value_or_gradient():

@@ -3,12 +3,19 @@ why, each capture window's own report, and the out-of-memory post-mortem."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autograd_magic.analysis.result import analyze
 from autograd_magic.model.units import format_bytes
-from autograd_magic.model.watch import OutOfMemory, StepCounts, StepLog, WatchRecord
+from autograd_magic.model.watch import (
+    CaptureWindow,
+    OutOfMemory,
+    StepCounts,
+    StepLog,
+    WatchRecord,
+)
 from autograd_magic.report.build import ReportOptions, build_report
 from autograd_magic.report.model import Report, Sentence, Table
 
@@ -43,7 +50,7 @@ def build_watch_report(record: WatchRecord, options: ReportOptions | None = None
     windows = tuple(
         WindowReport(
             f"{w.steps_text[0].upper()}{w.steps_text[1:]}, captured: {w.reason}",
-            build_report(analyze(w.trace), options),
+            build_report(analyze(w.trace), _window_options(record, w, options)),
         )
         for w in record.windows
     )
@@ -187,3 +194,14 @@ def _column(steps: Sequence[StepCounts], name: str) -> list[int]:
     if isinstance(steps, StepLog):
         return steps.column(name)
     return [int(getattr(s, name)) for s in steps]
+
+
+def _window_options(
+    record: WatchRecord, window: CaptureWindow, options: ReportOptions
+) -> ReportOptions:
+    """A window's report options: one that ended before the block says so ("When the capture
+    of steps 1-20 ended, ..."); the last one, recording to the block's end, is the block's."""
+    last_step = record.steps[-1].step if len(record.steps) else 0
+    if record.windows[-1] is window and window.last_step in (last_step, window.first_step - 1):
+        return options
+    return dataclasses.replace(options, block=f"capture of {window.steps_text}")
