@@ -135,7 +135,7 @@ c.sum().backward()
     trace = shell.user_ns["tr"]
     names = {n.name: n for n in trace.nodes}
     assert names["ExpBackward0"].born_line == 4
-    assert names["MulBackward0"].born_site.describe() == "line 7, in f line 6"
+    assert names["MulBackward0"].born_site.describe() == "line 6 in f, called at line 7"
     assert names["SumBackward0"].born_line == 8
     assert [b.saved_line for b in trace.buffers] == [4]
     assert trace.backward_calls[0].line == 8

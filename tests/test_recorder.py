@@ -75,7 +75,7 @@ def test_a_user_modules_forward_gives_the_inner_and_outer_lines(gc_disabled):
     assert tanh.born_site.function == "forward"
     assert tanh.born_site.outer_line == line_of("call-model")
     assert tanh.born_site.describe() == (
-        f"line {line_of('call-model')}, in forward line {line_of('forward-tanh')}"
+        f"line {line_of('forward-tanh')} in forward, called at line {line_of('call-model')}"
     )
     del out
 

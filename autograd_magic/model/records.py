@@ -54,10 +54,11 @@ class Site:
     outer_line: int | None = None
 
     def describe(self) -> str:
-        """'line 9' or 'line 9, in forward line 4' (the traced code's line first)."""
+        """'line 9', or 'line 4 in forward, called at line 9' for a line inside a function the
+        traced code called (the line that ran, then the traced code's call)."""
         if self.outer_line is None or self.outer_line == self.line:
             return f"line {self.line}"
-        return f"line {self.outer_line}, in {self.function} line {self.line}"
+        return f"line {self.line} in {self.function}, called at line {self.outer_line}"
 
 
 UNKNOWN_SITE = Site(file="<unknown>", line=0)

@@ -59,7 +59,7 @@ def quoted_source(site: Site) -> str:
     if not text:
         return ""
     if site.outer_line is not None and site.outer_line != site.line:
-        return f" (in {site.function} line {site.line}: `{text}`)"
+        return f" (line {site.line} in {site.function}: `{text}`)"
     return f" (`{text}`)"
 
 

@@ -175,7 +175,8 @@ def _box_text(box: Box) -> str:
     name = "leaf" if box.name == ACCUMULATE_GRAD else box.name.replace("Backward0", "")
     name = name.replace("Backward1", "")
     count = f" x{len(box.members)}" if len(box.members) > 1 else ""
-    line = box.where.replace("line ", "L").split(",")[0]
+    # The traced code's line: the last one named ('line 4 in forward, called at line 9': L9).
+    line = "L" + box.where.rsplit("line ", 1)[-1]
     text = f"{name}{count} {line}" + (
         f" +{box.params} leaves" if box.params and not box.leaf else ""
     )
