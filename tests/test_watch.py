@@ -430,3 +430,16 @@ def test_long_steps_keep_bytes_by_module():
     oom = trace.out_of_memory
     assert oom is not None and oom.by_module[0][0] == "Sequential"
     assert "By top-level module: Sequential: " in render_watch_text(trace.report())
+
+
+def test_the_html_report_draws_pictures_only_for_windows_with_findings():
+    """GIVEN a correct loop (its first step captured, nothing found) and a leaking one (a window
+    with findings) WHEN their watch reports are made HTML THEN the correct loop's has no
+    picture and says why, the leaking loop's window has its timeline and graph."""
+    from autograd_magic.views.html import NO_PICTURES, watch_page
+
+    correct, _ = correct_loop(6)
+    page = watch_page(correct.report())
+    assert "<img" not in page and NO_PICTURES in page
+    leaking = watch_page(leaking_loop(8, first=0).report())
+    assert leaking.count("<img") == 2 and NO_PICTURES not in leaking
