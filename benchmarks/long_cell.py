@@ -5,7 +5,7 @@ runs cells: the finished trace's report is printed, and its cost is part of the 
 
 The loop is row 10's (a small MLP, batch 16, SGD) written out in the cell as a user writes it.
 `--full` (every step recorded, row 10b's block as a cell) is timed in the same rounds for
-comparison. Each variant is one `run_cell` per round, interleaved, wall time.
+comparison. Each variant is one `run_cell` per round, interleaved, this thread's CPU time.
 """
 
 from __future__ import annotations
@@ -72,10 +72,12 @@ def _page_seconds(trace: Any) -> float:
 
 
 def _timed(run: Callable[[], None]) -> float:
+    # This thread's CPU time (as row 17): on a shared 2-core machine, wall time also counts
+    # other jobs' turns, which moved this ratio by +-0.1 from one run to the next.
     gc.collect()
-    start = time.perf_counter()
+    start = time.thread_time()
     run()
-    return time.perf_counter() - start
+    return time.thread_time() - start
 
 
 def measure(steps: int = 1000, rounds: int = 5, quick: bool = False) -> Row:
@@ -105,7 +107,7 @@ def measure(steps: int = 1000, rounds: int = 5, quick: bool = False) -> Row:
             f"row 10's loop written out in a cell ({steps:,} steps of a small MLP, SGD), run "
             f"by an IPython InteractiveShell: plain, %%trackgraph (the first "
             f"{CELL_FULL_STEPS} steps in full, the rest counted) and %%trackgraph --full (every "
-            f"step in full), interleaved, wall time of run_cell including the printed report; "
+            f"step in full), interleaved, CPU time of run_cell including the printed report; "
             f"{torch_threads} torch thread(s)",
             f"plain cell {plain:.2f} s; --full / plain in the same rounds: "
             f"{ratio['full'].describe()}",

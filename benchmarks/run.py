@@ -103,7 +103,7 @@ QUICK = Plan(
 # Issue 34: (steps, chunk) of row 18's watched loop and (steps, rounds) of row 19's cell, by
 # plan.quick (the quick suite runs in CI: a few seconds each).
 LONG_WATCH = {False: (100_000, 1_000), True: (2_000, 200)}
-LONG_CELL = {False: (1_000, 5), True: (40, 1)}
+LONG_CELL = {False: (1_000, 9), True: (40, 1)}
 
 
 def _overhead(build: Callable[[bool], workloads.Workload], plan: Plan) -> Row:
