@@ -189,6 +189,8 @@ def _start(shell: Any, args: Any, body: CodeType) -> tuple[Recorder, Any, Any]:
         from autograd_magic.views.panel import live_panel  # ipywidgets only for a panel
 
         panel = live_panel(live, args.refresh, args.max_nodes, BLOCK)
+        if isinstance(recorder, watching.Watch):  # after the first steps: the status line
+            recorder.listen_steps(panel.counted_update, args.refresh)
         handle = display(panel, display_id=True)
     return recorder, panel, handle
 

@@ -118,6 +118,10 @@ class Watch:
         # A module pre-hook that opens a window at the next module call, once saved tensors
         # piled up with no backward call (see `_on_pile`).
         self._pile_hook: Any = None
+        # Told at counted step ends (see `listen_steps`), at most once per `_listen_every` s.
+        self._step_listener: Any = None
+        self._listen_every = 1.0
+        self._next_call = 0.0
 
     # ----- the block ----------------------------------------------------------------------
     def __enter__(self) -> Watch:
@@ -180,6 +184,23 @@ class Watch:
         if first is not None:
             first.listen(callback, interval_s)
 
+    def listen_steps(self, callback: Any, interval_s: float = 1.0) -> None:
+        """Have `callback(result)` called at counted step ends, at most once per `interval_s`
+        seconds (a live panel's progress between captures); an exception in it unregisters it."""
+        self._step_listener = callback
+        self._listen_every = interval_s
+        self._next_call = 0.0
+
+    def _tell_listener(self) -> None:
+        now = time.monotonic()
+        if now < self._next_call:
+            return
+        self._next_call = now + self._listen_every
+        try:
+            self._step_listener(self.result)
+        except Exception:
+            self._step_listener = None
+
     # ----- steps --------------------------------------------------------------------------
     def step(self) -> None:
         """End a step here (from the first call on, backward calls no longer end steps)."""
@@ -219,6 +240,8 @@ class Watch:
                 self._check_module_cost(counter, True)
             self._maybe_open(step)
             self._watch_pile(counter)
+            if self._step_listener is not None:
+                self._tell_listener()
             return
         counts = _captured(counter.end_step(step=step), self._recorder, self._step_end_seq)
         self._step_end_seq = window.trace.seq

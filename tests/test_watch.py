@@ -443,3 +443,35 @@ def test_the_html_report_draws_pictures_only_for_windows_with_findings():
     assert "<img" not in page and NO_PICTURES in page
     leaking = watch_page(leaking_loop(8, first=0).report())
     assert leaking.count("<img") == 2 and NO_PICTURES not in leaking
+
+
+def test_a_live_panel_shows_the_counted_steps_progress_between_captures():
+    """GIVEN a watch with the first 2 steps captured and a step listener WHEN 6 steps run THEN
+    the listener is told at each counted step end (interval 0), and a panel of the first
+    window, told the result, says in its status line how far the counted steps got; a listener
+    that raises is dropped, the loop unharmed."""
+    from autograd_magic.views.panel import TracePanel
+
+    model, x, y = model_and_data()
+    told: list[int] = []
+    with am.watch(first=2) as w:
+        w.listen_steps(lambda result: told.append(result.steps_done), 0)
+        for _ in range(6):
+            torch.nn.functional.mse_loss(model(x), y).backward()
+    assert told == [3, 4, 5, 6]
+    panel = TracePanel(w.result.windows[0].trace)
+    panel.counted_update(w.result)
+    status = panel.status.value
+    assert "running: step 6 counted (steps 1-2 captured in full); 1 live backward root" in status
+    assert "at its end. Below: steps 1-2" in status  # the numbers below are the first steps'
+    calls = []
+
+    def failing(result):
+        calls.append(result.steps_done)
+        raise ZeroDivisionError
+
+    with am.watch(first=0) as w:
+        w.listen_steps(failing, 0)
+        for _ in range(3):
+            torch.nn.functional.mse_loss(model(x), y).backward()
+    assert w.result.steps_done == 3 and calls == [1]

@@ -205,3 +205,19 @@ def _window_options(
     if record.windows[-1] is window and window.last_step in (last_step, window.first_step - 1):
         return options
     return dataclasses.replace(options, block=f"capture of {window.steps_text}")
+
+
+def progress_text(record: WatchRecord) -> str:
+    """What a running watch has done so far, for a live panel between captures: 'step 812
+    counted (steps 1-20 captured in full); 1 live backward root and 0 B of saved tensors at its
+    end'."""
+    if not len(record.steps):
+        return "no step ended yet"
+    last = record.steps[-1]
+    captured = "; ".join(w.steps_text for w in record.windows)
+    done = f" ({captured} captured in full)" if captured else ""
+    how = "captured" if last.captured else "counted"
+    return (
+        f"step {last.step:,} {how}{done}; {_count(last.live_roots, 'live backward root')} and "
+        f"{format_bytes(last.retained_bytes)} of saved tensors at its end"
+    )

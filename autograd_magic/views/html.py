@@ -48,6 +48,13 @@ def status_html(status: Status) -> str:
     return div(f"<b>autograd_magic</b> &mdash; running{where}&hellip;", MARKS["finding"])
 
 
+def progress_html(text: str) -> str:
+    """A running watch's status line: what its counted steps show so far."""
+    return div(
+        f"<b>autograd_magic</b> &mdash; running: {html.escape(text)}&hellip;", MARKS["finding"]
+    )
+
+
 def summary_html(summary: tuple[tuple[str, str], ...]) -> str:
     cells = "".join(
         f'<div style="padding:2px 14px 2px 0">'

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import ipywidgets as widgets
 
 from autograd_magic.model.trace import Trace
+from autograd_magic.model.watch import WatchRecord
 from autograd_magic.report.build import ReportOptions, report_of
 from autograd_magic.report.model import (
     DEFAULT_MAX_NODES,
@@ -26,11 +27,13 @@ from autograd_magic.report.model import (
     SectionId,
     Timeline,
 )
+from autograd_magic.report.watch import progress_text
 from autograd_magic.views.figures import figure_png, graph_figure, timeline_figure
 from autograd_magic.views.html import (
     MUTED_STYLE,
     div,
     page,
+    progress_html,
     sentences_html,
     status_html,
     summary_html,
@@ -148,6 +151,13 @@ class TracePanel:
             self._spent_timeline += spent
         else:
             self._spent_numbers += spent
+
+    def counted_update(self, result: WatchRecord) -> None:
+        """Listener for `Watch.listen_steps`: between captures only the status line changes,
+        to what the counted steps show so far (the numbers below are the first steps')."""
+        if not self._closed:
+            below = f". Below: {result.windows[0].steps_text}" if result.windows else ""
+            self.status.value = progress_html(progress_text(result) + below)
 
     def finish(self) -> None:
         """Render every section from the finished (or failed) trace."""
