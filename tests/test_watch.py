@@ -446,24 +446,29 @@ def test_the_html_report_draws_pictures_only_for_windows_with_findings():
 
 
 def test_a_live_panel_shows_the_counted_steps_progress_between_captures():
-    """GIVEN a watch with the first 2 steps captured and a step listener WHEN 6 steps run THEN
-    the listener is told at each counted step end (interval 0), and a panel of the first
-    window, told the result, says in its status line how far the counted steps got; a listener
-    that raises is dropped, the loop unharmed."""
+    """GIVEN a watch with the first 2 steps captured, its panel made before the loop runs (as
+    the magic makes it) and told of counted steps WHEN 6 steps run THEN the listener is told at
+    each counted step end (interval 0), the panel shows the first steps' record (drawn once
+    when they ended, between refreshes) and its status line says how far the counted steps
+    got; a listener that raises is dropped, the loop unharmed."""
     from autograd_magic.views.panel import TracePanel
 
     model, x, y = model_and_data()
     told: list[int] = []
     with am.watch(first=2) as w:
-        w.listen_steps(lambda result: told.append(result.steps_done), 0)
+        panel = TracePanel(w.first_recorder.trace)
+        empty = panel.summary.value
+        w.listen_steps(
+            lambda result: (told.append(result.steps_done), panel.counted_update(result)), 0
+        )
         for _ in range(6):
             torch.nn.functional.mse_loss(model(x), y).backward()
     assert told == [3, 4, 5, 6]
-    panel = TracePanel(w.result.windows[0].trace)
-    panel.counted_update(w.result)
     status = panel.status.value
     assert "running: step 6 counted (steps 1-2 captured in full); 1 live backward root" in status
     assert "at its end. Below: steps 1-2" in status  # the numbers below are the first steps'
+    assert panel.summary.value != empty and "<b>2</b>" in panel.summary.value  # 2 backward calls
+    assert "When the capture of steps 1-2 ended" in panel.findings.value  # the cell runs on
     calls = []
 
     def failing(result):

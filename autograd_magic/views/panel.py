@@ -9,6 +9,7 @@ sections by id. It reads records only and never holds a user tensor.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import html
 import time
 from collections.abc import Callable, Sequence
@@ -75,6 +76,7 @@ class TracePanel:
         self.view: GraphView | None = None
         self.live_renders = 0
         self._closed = False  # set by close(): later live updates do nothing
+        self._first_steps_shown = False  # a watch's first window drawn once its steps ended
         self._timeline_png = b""
         self._graph_png = b""
         self._text: str | None = None  # the text report of the finished trace, made once
@@ -155,9 +157,17 @@ class TracePanel:
     def counted_update(self, result: WatchRecord) -> None:
         """Listener for `Watch.listen_steps`: between captures only the status line changes,
         to what the counted steps show so far (the numbers below are the first steps')."""
-        if not self._closed:
-            below = f". Below: {result.windows[0].steps_text}" if result.windows else ""
-            self.status.value = progress_html(progress_text(result) + below)
+        if self._closed:
+            return
+        if not self._first_steps_shown:
+            # The first steps may end between two refreshes: show their record once, whole.
+            self._first_steps_shown = True
+            if result.windows:  # "When the capture of steps 1-20 ended": the cell runs on
+                first = result.windows[0].steps_text
+                self.options = dataclasses.replace(self.options, block=f"capture of {first}")
+            self._render(final=False, timeline=True)
+        below = f". Below: {result.windows[0].steps_text}" if result.windows else ""
+        self.status.value = progress_html(progress_text(result) + below)
 
     def finish(self) -> None:
         """Render every section from the finished (or failed) trace."""
