@@ -20,7 +20,6 @@ from types import CodeType, FrameType, TracebackType
 from typing import Any
 
 import torch
-from torch.nn.modules.module import register_module_forward_pre_hook
 
 from autograd_magic.model.watch import (
     MAX_PERIOD,
@@ -38,7 +37,7 @@ from autograd_magic.model.watch import (
     module_hooks_too_costly,
     repeat_period,
 )
-from autograd_magic.recorder import stacks, torch_api
+from autograd_magic.recorder import module_calls, stacks, torch_api
 from autograd_magic.recorder.core import Recorder
 from autograd_magic.recorder.counting import StepCounter
 from autograd_magic.recorder.frames import is_recorder, outside_caller
@@ -160,7 +159,7 @@ class Watch:
             self._stop_purging()
             hook, self._pile_hook = self._pile_hook, None
             if hook is not None:
-                hook.remove()
+                module_calls.remove_unseen(hook)
             if self._counter is not None:
                 self._counter.remove()
             self.result.finish(None if error is None else f"{type(error).__name__}: {error}")
@@ -267,12 +266,12 @@ class Watch:
         after training, a validation loop without no_grad). A window opens at the next module
         call, where no torch op is running."""
         if self._window is None and self._pile_hook is None:
-            self._pile_hook = register_module_forward_pre_hook(self._open_piled)
+            self._pile_hook = module_calls.add_unseen_pre_hook(self._open_piled)
 
     def _open_piled(self, *args: Any) -> None:
         hook, self._pile_hook = self._pile_hook, None
         if hook is not None:
-            hook.remove()
+            module_calls.remove_unseen(hook)
         if self._window is not None or len(self.result.windows) >= self.options.max_windows:
             return
         self._open_window(
@@ -408,7 +407,7 @@ class Watch:
 
     def _purge_soon(self) -> None:
         if self._purge_hook is None:
-            self._purge_hook = register_module_forward_pre_hook(self._purge)
+            self._purge_hook = module_calls.add_unseen_pre_hook(self._purge)
 
     def _purge(self, *args: Any) -> None:
         stacks.purge_ended_modes(RecorderMode)
@@ -418,7 +417,7 @@ class Watch:
     def _stop_purging(self) -> None:
         hook, self._purge_hook = self._purge_hook, None
         if hook is not None:
-            hook.remove()
+            module_calls.remove_unseen(hook)
 
     def _post_mortem(self, error: BaseException) -> OutOfMemory:
         """What autograd held when memory ran out: saved bytes by line and by module, live

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import warnings
 import weakref
 
 import pytest
@@ -480,3 +481,42 @@ def test_a_live_panel_shows_the_counted_steps_progress_between_captures():
         for _ in range(3):
             torch.nn.functional.mse_loss(model(x), y).backward()
     assert w.result.steps_done == 3 and calls == [1]
+
+
+def _compiled_training(block) -> tuple[list[torch.Tensor], int]:
+    """10 SGD steps of a compiled (eager backend) MLP inside `block`: its weights and the
+    graphs Dynamo compiled."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model, x, y = model_and_data()
+    compiled = torch.compile(model, backend="eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with block:
+        for _ in range(10):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(compiled(x), y).backward()
+            opt.step()
+    graphs = counters["stats"]["unique_graphs"]
+    torch._dynamo.reset()
+    return [p.detach().clone() for p in model.parameters()], graphs
+
+
+def test_counted_steps_leave_a_compiled_model_compiling_as_untracked():
+    """GIVEN a compiled MLP trained 10 steps WHEN watched with nothing captured THEN it
+    compiles the one graph it compiles unwatched and ends with the same weights, bit for bit;
+    with its first 2 steps captured, one graph more (Dynamo guards the function-mode stack, as
+    under track()), the weights still the same, and no warning either way."""
+    plain, plain_graphs = _compiled_training(contextlib.nullcontext())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        counted, counted_graphs = _compiled_training(am.watch(first=0))
+        captured, captured_graphs = _compiled_training(am.watch(first=2))
+    # The hook that takes a closed window's mode out is not one torch counts: no "global hooks
+    # on modules" warning from the compiled module, which unwatched code does not get.
+    assert [str(w.message) for w in caught] == []
+    assert (plain_graphs, counted_graphs, captured_graphs) == (1, 1, 2)
+    for weights in (counted, captured):
+        assert all(torch.equal(a, b) for a, b in zip(plain, weights, strict=True))

@@ -12,6 +12,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils.hooks import RemovableHandle
 
 from autograd_magic.recorder import torch_api
@@ -57,6 +58,25 @@ def _leave_hook(module: Any, args: Any, output: Any) -> None:
 def _has_any_global_hook_but_ours() -> bool:
     tables = torch_api.global_module_hook_tables()
     return any(key not in _OUR_HOOKS for table in tables for key in table)
+
+
+def add_unseen_pre_hook(hook: Any) -> RemovableHandle:
+    """A global module forward pre-hook that torch's "is there any global module hook?" check
+    does not count (a compiled module warns when it does: unwatched code would not); take it
+    out with `remove_unseen`."""
+    handle = register_module_forward_pre_hook(hook)
+    _OUR_HOOKS.add(handle.id)
+    torch_api.set_has_any_global_hook(_has_any_global_hook_but_ours)
+    return handle
+
+
+def remove_unseen(handle: RemovableHandle) -> None:
+    """Take out a hook `add_unseen_pre_hook` put in; the last of ours out puts torch's check
+    back."""
+    handle.remove()
+    _OUR_HOOKS.discard(handle.id)
+    if not _OUR_HOOKS:
+        torch_api.set_has_any_global_hook(None)
 
 
 class ModuleTracker:
