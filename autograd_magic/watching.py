@@ -40,9 +40,10 @@ from autograd_magic.model.watch import (
 from autograd_magic.recorder import module_calls, stacks, torch_api
 from autograd_magic.recorder.core import Recorder
 from autograd_magic.recorder.counting import StepCounter
-from autograd_magic.recorder.frames import is_recorder, outside_caller
+from autograd_magic.recorder.frames import outside_caller
 from autograd_magic.recorder.mode import RecorderMode
 from autograd_magic.recorder.naming import frame_namespace
+from autograd_magic.recorder.sites import user_frame
 from autograd_magic.trace import Trace
 from autograd_magic.watch_trace import WatchTrace
 
@@ -157,9 +158,7 @@ class Watch:
                 self._counter.block_frame = None
             self._purge()
             self._stop_purging()
-            hook, self._pile_hook = self._pile_hook, None
-            if hook is not None:
-                module_calls.remove_unseen(hook)
+            self._stop_pile_hook()
             if self._counter is not None:
                 self._counter.remove()
             self.result.finish(None if error is None else f"{type(error).__name__}: {error}")
@@ -269,9 +268,7 @@ class Watch:
             self._pile_hook = module_calls.add_unseen_pre_hook(self._open_piled)
 
     def _open_piled(self, *args: Any) -> None:
-        hook, self._pile_hook = self._pile_hook, None
-        if hook is not None:
-            module_calls.remove_unseen(hook)
+        self._stop_pile_hook()
         if self._window is not None or len(self.result.windows) >= self.options.max_windows:
             return
         self._open_window(
@@ -279,6 +276,16 @@ class Watch:
             f"saved tensors piled up with no backward call to free them (more than "
             f"{PILE_STEPS} times what a step saved)",
         )
+
+    @property
+    def _growth_period(self) -> int:
+        """Steps per loop iteration for the growth check (1 once `step()` marks the steps)."""
+        return 1 if self._explicit else self._period
+
+    def _stop_pile_hook(self) -> None:
+        hook, self._pile_hook = self._pile_hook, None
+        if hook is not None:
+            module_calls.remove_unseen(hook)
 
     def _note_line(self) -> None:
         """Note the line that called this step's backward, and the loop's period."""
@@ -330,12 +337,7 @@ class Watch:
             steps, self._asked = self._asked, 0
             self._open_window(steps, "asked for with capture()")
             return
-        period = 1 if self._explicit else self._period
-        rise = (
-            growth_start(result.steps, options.escalate_after, period)
-            if result.steps.rose_at_last(period)
-            else None
-        )
+        rise = growth_start(result.steps, options.escalate_after, self._growth_period)
         if rise is None:
             self._escalated = False
             if not options.every:
@@ -390,8 +392,8 @@ class Watch:
         tb: TracebackType | None,
     ) -> None:
         recorder, self._recorder, self._window = self._recorder, None, None
-        period = 1 if self._explicit else self._period
-        if growth_start(self.result.steps, self.options.escalate_after, period) is not None:
+        growth = growth_start(self.result.steps, self.options.escalate_after, self._growth_period)
+        if growth is not None:
             self._escalated = True  # this window saw the rise: not captured again until it stops
         if recorder is not None:
             if self._namespace is None and self._frame is not None:
@@ -443,24 +445,11 @@ class Watch:
         )
 
 
-# Code objects that are torch's or ours (skipped to find the user's call of a backward).
-_NOT_USERS: dict[CodeType, bool] = {}
-_TORCH_DIR = os.path.dirname(torch.__file__)
-
-
 def _backward_site(frame: FrameType | None) -> tuple[CodeType | None, int]:
-    """The code and line of the first frame from `frame` outwards that is neither torch's nor
-    autograd_magic's: where the user's code called the backward."""
-    skip = _NOT_USERS
-    while frame is not None:
-        code = frame.f_code
-        not_users = skip.get(code)
-        if not_users is None:
-            not_users = skip[code] = is_recorder(frame) or code.co_filename.startswith(_TORCH_DIR)
-        if not not_users:
-            return code, frame.f_lineno
-        frame = frame.f_back
-    return None, 0
+    """The code and line of the user's frame from `frame` outwards (`sites.user_frame`): where
+    the user's code called the backward."""
+    user = user_frame(frame)
+    return (None, 0) if user is None else (user.f_code, user.f_lineno)
 
 
 def _captured(counts: StepCounts, recorder: Recorder | None, since_seq: int) -> StepCounts:
@@ -495,7 +484,6 @@ def held_in(trace: Trace) -> list[HeldSaved]:
 def graph_holders(namespace: dict[str, Any], limit: int = 20) -> tuple[str, ...]:
     """Names in `namespace` holding a tensor with a graph, directly or in a list, tuple or
     dict (`losses[...]`): who keeps graphs alive, read without touching any graph."""
-    import torch
 
     def has_graph(value: Any) -> bool:
         return isinstance(value, torch.Tensor) and value.grad_fn is not None

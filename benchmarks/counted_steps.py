@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from typing import Any
 
 import torch
 
@@ -54,6 +55,24 @@ def _around(block: Callable[[], AbstractContextManager[object]], step: Callable[
     return run
 
 
+def _variants(step: Callable[[], None], steps: int) -> dict[str, Callable[[], None]]:
+    """One workload's timed variants: untracked, the mechanism floor, no-op hooks alone and the
+    counter, each running `steps` steps per sample."""
+    blocks = {
+        "untracked": untracked,
+        "floor": floor.mechanism,
+        "hooks_only": floor.no_op_hooks,
+        "counter": counted,
+    }
+    return {name: _around(block, step, steps) for name, block in blocks.items()}
+
+
+def _as_worst(found: dict[str, Any]) -> float:
+    """The counter's ratio as the verdict reads it: the target is 1.05x, or no more than the
+    mechanism where that alone is above it (so a ratio at a higher floor reads as 1.05x)."""
+    return float(found["counter"].median - max(TARGET, found["floor"].median) + TARGET)
+
+
 def _cpu_seconds(run: Callable[[], None]) -> float:
     # This thread's CPU time: on a shared machine, wall time also counts other jobs' turns.
     start = time.thread_time()
@@ -69,13 +88,7 @@ def measure(rounds: int = 15, steps: int = 5, warmup: int = 2) -> dict[str, dict
         workload = build()
         if workload is None:
             continue
-        variants = {
-            "untracked": _around(untracked, workload.step, steps),
-            "floor": _around(floor.mechanism, workload.step, steps),
-            "hooks_only": _around(floor.no_op_hooks, workload.step, steps),
-            "counter": _around(counted, workload.step, steps),
-        }
-        times = interleave(variants, rounds, warmup, timer=_cpu_seconds)
+        times = interleave(_variants(workload.step, steps), rounds, warmup, timer=_cpu_seconds)
         base = sorted(times["untracked"])[rounds // 2] * 1e3 / steps
         table[name] = {"untracked ms/step": f"{base:.2f}"}
         for variant, ratio in ratios(times, "untracked").items():
@@ -100,16 +113,10 @@ def row(quick: bool = False) -> Row:
         if workload is None:
             skipped.append(f"{name}: not run (`transformers` is not installed)")
             continue
-        variants = {
-            "untracked": _around(untracked, workload.step, steps),
-            "floor": _around(floor.mechanism, workload.step, steps),
-            "hooks_only": _around(floor.no_op_hooks, workload.step, steps),
-            "counter": _around(counted, workload.step, steps),
-        }
+        variants = _variants(workload.step, steps)
         found = ratios(interleave(variants, rounds, 1, timer=_cpu_seconds), "untracked")
         counter, under = found["counter"], found["floor"]
-        # The target: 1.05x, or no more than the mechanism where that alone is above it.
-        worst = max(worst, counter.median - max(TARGET, under.median) + TARGET)
+        worst = max(worst, _as_worst(found))
         parts.append(f"{name} {counter.median:.2f}x")
         floors.append(
             f"{name}: counted {counter.describe()}; mechanism floor {under.describe()}; "
@@ -167,17 +174,14 @@ def cuda_row(quick: bool = False) -> Row:
             details.append(f"{name}: not run (`transformers` is not installed)")
             continue
         variants = {
-            "untracked": _around(untracked, workload.step, steps),
-            "floor": _around(floor.mechanism, workload.step, steps),
-            "hooks_only": _around(floor.no_op_hooks, workload.step, steps),
-            "counter": _around(counted, workload.step, steps),
+            **_variants(workload.step, steps),
             "watch": _around(watched, workload.step, steps),
         }
         times = interleave(variants, rounds, 2, timer=time_once)
         found = ratios(times, "untracked")
         base = sorted(times["untracked"])[rounds // 2] * 1e3 / steps
         counter, under = found["counter"], found["floor"]
-        worst = max(worst, counter.median - max(TARGET, under.median) + TARGET)
+        worst = max(worst, _as_worst(found))
         parts.append(f"{name} {counter.median:.2f}x")
         details.append(
             f"{name} ({base:.1f} ms/step untracked; {workload.details}): counted "

@@ -207,33 +207,26 @@ class StepCounter:
     def end_step(self, captured: bool = False, step: int | None = None) -> StepCounts:
         """The counters now, as the end of the current step (numbered `step`, else this
         counter's own count from 0); the next step starts."""
-        live = self.live_bytes
-        counts = StepCounts(
-            step=self._step if step is None else step,
-            backward_calls=self._calls,
-            live_roots=self.live_roots,
-            live_saved=self.live_saved,
-            retained_bytes=live,
-            peak_bytes=max(self._tally.peak, live),
-            captured=captured,
-        )
-        self._step += 1
-        self._calls = 0
-        self._tally.peak = live
-        self._end_bytes = live
-        return counts
+        number = self._step if step is None else step
+        calls, roots, saved, live, peak = self._close_step()
+        return StepCounts(number, calls, roots, saved, live, peak, captured)
 
     def end_counted_step(self, log: StepLog, step: int) -> None:
         """`end_step` for a counted step: its counters go into `log` as one row, no object
-        made (the path every counted step takes)."""
+        made (the path every counted step takes); what it saved sizes `step_bytes`."""
+        start = self._end_bytes
+        calls, roots, saved, live, peak = self._close_step()
+        if peak - start > self.step_bytes:
+            self.step_bytes = peak - start
+        log.add(step, calls, roots, saved, live, peak)
+
+    def _close_step(self) -> tuple[int, int, int, int, int]:
+        """The current step's backward calls, live roots, live saved tensors, retained and
+        peak bytes; the next step starts."""
         tally = self._tally
         live = tally.packed_bytes - tally.released_bytes
         peak = tally.peak
-        if peak - self._end_bytes > self.step_bytes:
-            self.step_bytes = peak - self._end_bytes
-        self._end_bytes = live
-        log.add(
-            step,
+        values = (
             self._calls,
             self._roots_tagged - tally.roots_died,
             tally.packed - tally.released,
@@ -243,6 +236,8 @@ class StepCounter:
         self._step += 1
         self._calls = 0
         tally.peak = live
+        self._end_bytes = live
+        return values
 
     def watch_pile(self, steps: float, on_pile: Callable[[], Any] | None) -> None:
         """Call `on_pile()` once if the live counted bytes pass what they are now plus `steps`

@@ -54,12 +54,28 @@ def not_user_code(packages: tuple[str, ...]) -> None:
 _LIBRARY_FILES: dict[str, bool] = {}
 
 
+def user_frame(frame: FrameType | None) -> FrameType | None:
+    """The innermost frame from `frame` outwards that is the user's code: not library code
+    (torch, the standard library, this package) nor a stand-in; None where the stack ends."""
+    library = _LIBRARY_FILES
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        hit = library.get(filename)
+        if hit is None:
+            if len(library) > 65_536:  # bounded: each notebook cell is a new file name
+                library.clear()
+            hit = library[filename] = is_library_file(filename)
+        if not hit and frame.f_code.co_name != STAND_IN_NAME:
+            return frame
+        frame = frame.f_back
+    return None
+
+
 class SiteFinder:
     """Finds and interns the user's source position for the event being recorded."""
 
     def __init__(self, home_code: CodeType | None = None) -> None:
         self._home_code = home_code
-        self._library = _LIBRARY_FILES
         self._interned: dict[tuple[str, str, int, int | None], Site] = {}
         # id(code) -> (code, {position key: site}). An instruction offset maps to exactly one
         # line, so the key (the frame's offset, and the home frame's when the frame is not the
@@ -95,20 +111,9 @@ class SiteFinder:
         stack ends first (a hook run on a thread with no Python caller, as TorchScript's fork
         workers and autograd's device threads are)."""
         try:
-            frame: FrameType | None = sys._getframe(skip + 1)
+            frame = user_frame(sys._getframe(skip + 1))
         except ValueError:
             return UNKNOWN_SITE
-        library = self._library
-        while frame is not None:
-            filename = frame.f_code.co_filename
-            hit = library.get(filename)
-            if hit is None:
-                if len(library) > 65_536:  # bounded: each notebook cell is a new file name
-                    library.clear()
-                hit = library[filename] = is_library_file(filename)
-            if not hit and frame.f_code.co_name != STAND_IN_NAME:
-                break
-            frame = frame.f_back
         if frame is None:
             return UNKNOWN_SITE
         code = frame.f_code
