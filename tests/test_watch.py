@@ -509,14 +509,20 @@ def test_counted_steps_leave_a_compiled_model_compiling_as_untracked():
     compiles the one graph it compiles unwatched and ends with the same weights, bit for bit;
     with its first 2 steps captured, one graph more (Dynamo guards the function-mode stack, as
     under track()), the weights still the same, and no warning either way."""
-    plain, plain_graphs = _compiled_training(contextlib.nullcontext())
+    with warnings.catch_warnings(record=True) as unwatched:
+        warnings.simplefilter("always")
+        plain, plain_graphs = _compiled_training(contextlib.nullcontext())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         counted, counted_graphs = _compiled_training(am.watch(first=0))
         captured, captured_graphs = _compiled_training(am.watch(first=2))
     # The hook that takes a closed window's mode out is not one torch counts: no "global hooks
-    # on modules" warning from the compiled module, which unwatched code does not get.
-    assert [str(w.message) for w in caught] == []
-    assert (plain_graphs, counted_graphs, captured_graphs) == (1, 1, 2)
+    # on modules" warning from the compiled module, nor any other that unwatched code does not
+    # get (Dynamo's own, as on Python 3.13.0, come unwatched too).
+    assert {str(w.message) for w in caught} <= {str(w.message) for w in unwatched}
+    # torch 2.4's Dynamo compiles under the function mode (README, Supported versions) and
+    # does not guard its stack: a window compiles no graph more there.
+    more = 0 if tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 5) else 1
+    assert (plain_graphs, counted_graphs, captured_graphs) == (1, 1, 1 + more)
     for weights in (counted, captured):
         assert all(torch.equal(a, b) for a, b in zip(plain, weights, strict=True))
